@@ -227,7 +227,7 @@ def build(fx, out_root):
                logits_std=float(logits.std()))
     if mtp is not None:
         m = mtp_reference(text, mtp, lm.embed_tokens.weight, h_final, ids)
-        mtp_logits = (m[0] @ model.lm_head.weight.T).numpy().astype(np.float32)
+        mtp_logits = (m[0] @ model.lm_head.weight.T).detach().numpy().astype(np.float32)
         np.save(os.path.join(d, "mtp_logits.npy"), mtp_logits)
         ref["mtp_logits_std"] = float(mtp_logits.std())
     json.dump(ref, open(os.path.join(d, "reference.json"), "w"), indent=1)
