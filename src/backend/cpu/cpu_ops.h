@@ -1,0 +1,65 @@
+// CpuOps: the reference backend. Plain loops, fp32 activations and accumulation, threads over
+// independent rows/heads only (results never depend on the thread count). The ground truth
+// every other backend is tested against.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "ops/ops.h"
+
+namespace ds {
+
+enum class GdnMode {
+  kAuto,       // chunked for multi-token sequence chunks, recurrent for single tokens (as HF)
+  kRecurrent,  // token by token everywhere
+  kChunked,    // chunked form everywhere
+};
+
+class CpuOps final : public Ops {
+ public:
+  CpuOps() = default;
+  const char* name() const override { return "cpu"; }
+  DType act_dtype() const override { return DType::kF32; }
+  void set_gdn_mode(GdnMode mode) { gdn_mode_ = mode; }
+
+  Tensor upload(const void* host, DType host_dtype, std::initializer_list<int64_t> shape, DType want) override;
+  Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
+  void reset_scratch() override { scratch_.clear(); }
+  void download_f32(Tensor src, float* host) override;
+  void alloc_caches(const CacheGeometry& geometry) override;
+  void copy_state_slot(int src_slot, int dst_slot) override;
+
+  void begin_step(const StepPlan& plan) override;
+  void embedding(Tensor table, Tensor out) override;
+  void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
+  void linear(Tensor x, Tensor w, Tensor out) override;
+  void add(Tensor x, Tensor y) override;
+  void silu_mul(Tensor gate, Tensor up, Tensor out) override;
+  void gather_rows(Tensor x, Tensor out) override;
+  void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;
+  void gdn_gates(Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, Tensor g, Tensor beta) override;
+  void gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& shape, int state_layer, Tensor out) override;
+  void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) override;
+  void split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) override;
+  void rope(Tensor x, int rotary_dim, double theta) override;
+  void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
+  void sigmoid_mul(Tensor x, Tensor gate) override;
+  void concat_cols(Tensor a, Tensor b, Tensor out) override;
+
+ private:
+  Tensor alloc_owned(std::vector<std::unique_ptr<float[]>>& owner, DType dtype, std::initializer_list<int64_t> shape);
+  float* conv_state(int layer, int slot);
+  float* recurrent_state(int layer, int slot);
+
+  GdnMode gdn_mode_ = GdnMode::kAuto;
+  std::vector<std::unique_ptr<float[]>> weights_;  // persistent uploads (fp32-aligned storage)
+  std::vector<std::unique_ptr<float[]>> scratch_;
+  CacheGeometry geo_;
+  std::vector<float> k_cache_, v_cache_;           // f32 [n_kv_layers, n_blocks, block_size, n_kv_heads, head_dim]
+  std::vector<float> conv_states_;                 // f32 [n_state_layers, n_slots, conv_rows, conv_dim]
+  std::vector<float> rec_states_;                  // f32 [n_state_layers, n_slots, Hv, dk, dv]
+  StepPlan plan_;
+};
+
+}  // namespace ds

@@ -1,0 +1,143 @@
+// `logits` and `generate`: load a checkpoint folder, run the model on given token ids.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "engine/backend_factory.h"
+#include "engine/runner.h"
+#include "io/checkpoint.h"
+#include "io/npy.h"
+
+namespace ds {
+
+namespace {
+
+struct ModelArgs {
+  std::string model_dir;
+  std::string ids_text;
+  std::string device = "auto";
+  int chunk = 0;
+};
+
+[[noreturn]] void fail(const std::string& message) {
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  throw CLI::RuntimeError(1);
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find(',', pos);
+    std::string tok = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != tok.size() || v < 0 || v > INT32_MAX)
+      fail("--ids: '" + tok + "' is not a non-negative integer (expected e.g. --ids 1,2,3)");
+    ids.push_back(static_cast<int32_t>(v));
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  return ids;
+}
+
+void add_model_options(CLI::App* sub, ModelArgs& a) {
+  sub->add_option("--model", a.model_dir, "checkpoint folder (config.json + safetensors)")->required();
+  sub->add_option("--ids", a.ids_text, "prompt token ids, comma-separated")->required();
+  sub->add_option("--device", a.device, "cpu (fp32 reference), cuda, or auto")->capture_default_str();
+  sub->add_option("--chunk", a.chunk, "prefill chunk size in tokens (0: the whole prompt in one step)");
+}
+
+struct Loaded {
+  std::unique_ptr<Checkpoint> ck;
+  std::unique_ptr<Ops> ops;
+  std::unique_ptr<Qwen35Model> model;
+  std::unique_ptr<Runner> runner;
+};
+
+Loaded load(const ModelArgs& a, int context) {
+  Loaded l;
+  auto ck = Checkpoint::open(a.model_dir);
+  if (!ck.ok()) fail(ck.status().message());
+  l.ck = std::move(ck.value());
+  auto ops = make_backend(a.device);
+  if (!ops.ok()) fail(ops.status().message());
+  l.ops = std::move(ops.value());
+  auto model = Qwen35Model::load(*l.ck, *l.ops);
+  if (!model.ok()) fail(model.status().message());
+  l.model = std::move(model.value());
+  RunnerOptions ro;
+  ro.block_size = 16;
+  ro.n_blocks = (context + ro.block_size - 1) / ro.block_size;
+  ro.n_slots = 1;
+  l.runner = std::make_unique<Runner>(*l.model, *l.ops, ro);
+  return l;
+}
+
+void run_logits(const ModelArgs& a, const std::string& out_path) {
+  std::vector<int32_t> ids = parse_ids(a.ids_text);
+  Loaded l = load(a, static_cast<int>(ids.size()));
+  const int V = l.model->config().vocab_size;
+  for (int32_t id : ids)
+    if (id >= V) fail("--ids: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+  Sequence seq;
+  seq.tokens = ids;
+  if (Status s = l.runner->admit(seq); !s.ok()) fail(s.message());
+  std::vector<float> logits;
+  const int n = static_cast<int>(ids.size());
+  while (seq.n_cached < n) {
+    const int take = a.chunk > 0 ? std::min(a.chunk, n - seq.n_cached) : n - seq.n_cached;
+    auto r = l.runner->step({SeqWork{&seq, take, true}});
+    if (!r.ok()) fail(r.status().message());
+    logits.insert(logits.end(), r.value()[0].begin(), r.value()[0].end());
+  }
+  if (Status s = write_npy_f32(out_path, logits.data(), {n, V}); !s.ok()) fail(s.message());
+  std::printf("%s\n", out_path.c_str());
+}
+
+void run_generate(const ModelArgs& a, int max_tokens, bool ignore_eos) {
+  std::vector<int32_t> ids = parse_ids(a.ids_text);
+  if (max_tokens < 0) fail("--max-tokens must be >= 0");
+  Loaded l = load(a, static_cast<int>(ids.size()) + max_tokens);
+  std::vector<int> stops = ignore_eos ? std::vector<int>{} : l.model->config().eos_token_ids;
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = l.runner->generate_greedy(ids, max_tokens, a.chunk, stops);
+  if (!r.ok()) fail(r.status().message());
+  double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  DS_LOG_INFO("generate", "%zu prompt + %zu generated tokens in %.3f s on %s", ids.size(), r.value().size(), sec,
+              l.ops->name());
+  std::string out = "[";
+  for (size_t i = 0; i < r.value().size(); ++i) out += (i ? "," : "") + std::to_string(r.value()[i]);
+  std::printf("%s]\n", out.c_str());
+}
+
+}  // namespace
+
+void register_model_commands(CLI::App& app) {
+  auto args = std::make_shared<ModelArgs>();
+  auto out_path = std::make_shared<std::string>();
+  CLI::App* logits = app.add_subcommand("logits", "write float32 logits [n_ids, vocab] of every position as .npy");
+  add_model_options(logits, *args);
+  logits->add_option("--out", *out_path, "output .npy path")->required();
+  logits->callback([args, out_path] { run_logits(*args, *out_path); });
+
+  auto gargs = std::make_shared<ModelArgs>();
+  auto max_tokens = std::make_shared<int>(16);
+  auto ignore_eos = std::make_shared<bool>(false);
+  CLI::App* gen = app.add_subcommand("generate", "greedy decoding; prints the new ids as a JSON array");
+  add_model_options(gen, *gargs);
+  gen->add_option("--max-tokens", *max_tokens, "tokens to generate")->capture_default_str();
+  gen->add_flag("--ignore-eos", *ignore_eos, "do not stop at the config's eos_token_id");
+  gen->callback([gargs, max_tokens, ignore_eos] { run_generate(*gargs, *max_tokens, *ignore_eos); });
+}
+
+}  // namespace ds

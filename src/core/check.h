@@ -1,0 +1,17 @@
+// Programmer-error checks (tier 1 of DESIGN.md §5): always on, print func file:line and abort.
+// Expected failures (bad files, bad requests) use Status/Result instead (status.h).
+#pragma once
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace ds {
+[[noreturn]] void fatal_at(const char* file, int line, const char* func, const char* fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+}  // namespace ds
+
+#define DS_FATAL(...) ::ds::fatal_at(__FILE__, __LINE__, __func__, __VA_ARGS__)
+#define DS_ASSERT(cond, ...)                                               \
+  do {                                                                     \
+    if (!(cond)) ::ds::fatal_at(__FILE__, __LINE__, __func__, "assertion `" #cond "` failed: " __VA_ARGS__); \
+  } while (0)

@@ -1,0 +1,49 @@
+// Checkpoint: a Hugging Face model folder (config.json + single or sharded safetensors).
+// Maps published tensor names to canonical ones ("model.layers.N...", "lm_head.weight",
+// "mtp...."), skips vision weights, and hands out validated views. Knows no model math.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "io/model_config.h"
+#include "io/safetensors.h"
+
+namespace ds {
+
+// A tensor inside an mmap'd file: valid while its Checkpoint lives.
+struct CheckpointTensor {
+  const TensorInfo* info = nullptr;
+  const void* data = nullptr;
+  const std::string* file = nullptr;  // path of the file holding it
+};
+
+class Checkpoint {
+ public:
+  static Result<std::unique_ptr<Checkpoint>> open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const ModelConfig& config() const { return config_; }
+  bool has(const std::string& canonical_name) const { return tensors_.count(canonical_name) != 0; }
+  bool has_prefix(const std::string& prefix) const;
+
+  // The tensor `name` (canonical), checked against `shape` and required to be a float dtype.
+  Result<CheckpointTensor> get_float(const std::string& name, const std::vector<int64_t>& shape) const;
+  // The same, converted to fp32.
+  Result<std::vector<float>> read_f32(const std::string& name, const std::vector<int64_t>& shape) const;
+
+  static std::string canonical_name(const std::string& published);  // "" for ignored tensors
+
+ private:
+  Status add_file(const std::string& path);
+
+  std::string dir_;
+  ModelConfig config_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, CheckpointTensor> tensors_;
+};
+
+}  // namespace ds

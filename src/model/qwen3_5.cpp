@@ -1,0 +1,169 @@
+// The qwen3_5 forward, top to bottom (architecture reference §3-§6). Every intermediate has
+// the name HF's module uses, so it can be dumped and compared layer by layer.
+#include "model/qwen3_5.h"
+
+#include <cmath>
+
+#include "core/log.h"
+
+namespace ds {
+
+Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(const Checkpoint& ck, Ops& ops) {
+  DS_ASSIGN_OR_RETURN(ModelWeights w, load_weights(ck, ops));
+  const ModelConfig& c = ck.config();
+  DS_LOG_INFO("model", "%s: %d layers (%d GDN, %d attention), hidden %d, vocab %d, MTP %s", ck.dir().c_str(),
+              c.num_hidden_layers, c.n_linear_attention_layers(), c.n_full_attention_layers(), c.hidden_size,
+              c.vocab_size, w.mtp ? "yes" : "no");
+  return std::unique_ptr<Qwen35Model>(new Qwen35Model(c, std::move(w), ops));
+}
+
+CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_slots) const {
+  CacheGeometry g;
+  g.n_kv_layers = cfg_.n_full_attention_layers() + (has_mtp() ? 1 : 0);
+  g.n_blocks = n_blocks;
+  g.block_size = block_size;
+  g.n_kv_heads = cfg_.num_key_value_heads;
+  g.head_dim = cfg_.head_dim;
+  g.n_state_layers = cfg_.n_linear_attention_layers();
+  g.n_slots = n_slots;
+  g.conv_rows = cfg_.linear_conv_kernel_dim - 1;
+  g.conv_dim = cfg_.conv_dim();
+  g.n_v_heads = cfg_.linear_num_value_heads;
+  g.k_head_dim = cfg_.linear_key_head_dim;
+  g.v_head_dim = cfg_.linear_value_head_dim;
+  return g;
+}
+
+// Gated DeltaNet token mixer. h act [T, H] -> act [T, H]
+Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
+  const GdnWeights& w = L.gdn;
+  const int64_t T = h.dim(0), H = cfg_.hidden_size, C = cfg_.conv_dim();
+  const int64_t Hv = cfg_.linear_num_value_heads, dv = cfg_.linear_value_head_dim;
+  Tensor mixed_qkv = act({T, C});  // pre-conv; what the conv state keeps
+  Tensor z = act({T, Hv * dv});
+  Tensor b = act({T, Hv});
+  Tensor a = act({T, Hv});
+  ops_.linear(h, w.in_proj_qkv, mixed_qkv);
+  ops_.linear(h, w.in_proj_z, z);
+  ops_.linear(h, w.in_proj_b, b);
+  ops_.linear(h, w.in_proj_a, a);
+
+  Tensor qkv = act({T, C});  // silu(causal_conv1d(mixed_qkv)) = [q | k | v]
+  ops_.conv1d_silu(mixed_qkv, w.conv1d, L.cache_index, qkv);
+
+  Tensor g = ops_.scratch(DType::kF32, {T, Hv});     // log-decay
+  Tensor beta = ops_.scratch(DType::kF32, {T, Hv});  // write strength
+  ops_.gdn_gates(a, b, w.a_log, w.dt_bias, g, beta);
+
+  GdnShape shape{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
+                 cfg_.linear_value_head_dim};
+  Tensor core_attn_out = act({T, Hv, dv});
+  ops_.gated_delta_rule(qkv, g, beta, shape, L.cache_index, core_attn_out);
+
+  Tensor normed = act({T, Hv * dv});
+  ops_.gated_rms_norm(core_attn_out.view({T * Hv, dv}), z.view({T * Hv, dv}), w.norm, cfg_.rms_norm_eps,
+                      cfg_.output_gate_sigmoid, normed.view({T * Hv, dv}));
+  Tensor out = act({T, H});
+  ops_.linear(normed, w.out_proj, out);
+  return out;
+}
+
+// Gated full attention. h act [T, H] -> act [T, H]
+Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
+  const AttnWeights& w = L.attn;
+  const int64_t T = h.dim(0), H = cfg_.hidden_size, hd = cfg_.head_dim;
+  const int64_t nH = cfg_.num_attention_heads, nKV = cfg_.num_key_value_heads;
+  Tensor q_gate = act({T, nH * 2 * hd});
+  Tensor key_states = act({T, nKV, hd});
+  Tensor value_states = act({T, nKV, hd});
+  ops_.linear(h, w.q_proj, q_gate);
+  ops_.linear(h, w.k_proj, key_states.view({T, nKV * hd}));
+  ops_.linear(h, w.v_proj, value_states.view({T, nKV * hd}));
+
+  Tensor query_states = act({T, nH, hd});
+  Tensor gate = act({T, nH * hd});
+  ops_.split_query_gate(q_gate, static_cast<int>(nH), static_cast<int>(hd), query_states, gate);
+  ops_.rms_norm(query_states.view({T * nH, hd}), w.q_norm, cfg_.rms_norm_eps, query_states.view({T * nH, hd}));
+  ops_.rms_norm(key_states.view({T * nKV, hd}), w.k_norm, cfg_.rms_norm_eps, key_states.view({T * nKV, hd}));
+  ops_.rope(query_states, cfg_.rotary_dim, cfg_.rope_theta);
+  ops_.rope(key_states, cfg_.rotary_dim, cfg_.rope_theta);
+
+  Tensor attn_output = act({T, nH * hd});
+  ops_.attention(query_states, key_states, value_states, L.cache_index, 1.0f / std::sqrt(static_cast<float>(hd)),
+                 attn_output);
+  ops_.sigmoid_mul(attn_output, gate);
+  Tensor out = act({T, H});
+  ops_.linear(attn_output, w.o_proj, out);
+  return out;
+}
+
+// SiLU-gated MLP. h act [T, H] -> act [T, H]
+Tensor Qwen35Model::mlp_block(const MlpWeights& m, Tensor h) {
+  const int64_t T = h.dim(0), H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  Tensor gate = act({T, I});
+  Tensor up = act({T, I});
+  ops_.linear(h, m.gate_proj, gate);
+  ops_.linear(h, m.up_proj, up);
+  Tensor inner = act({T, I});
+  ops_.silu_mul(gate, up, inner);
+  Tensor out = act({T, H});
+  ops_.linear(inner, m.down_proj, out);
+  return out;
+}
+
+// Pre-norm residual block; x act [T, H] is updated in place and returned.
+Tensor Qwen35Model::decoder_layer(const LayerWeights& L, Tensor x) {
+  const int64_t T = x.dim(0), H = cfg_.hidden_size;
+  Tensor h = act({T, H});
+  ops_.rms_norm(x, L.input_norm, cfg_.rms_norm_eps, h);
+  ops_.add(x, L.type == LayerType::kLinearAttention ? gdn_block(L, h) : attention_block(L, h));
+  ops_.rms_norm(x, L.post_attn_norm, cfg_.rms_norm_eps, h);
+  ops_.add(x, mlp_block(L.mlp, h));
+  return x;
+}
+
+// hn act [T, H] (final-normed) -> act [n_out, V] logits of plan.logit_rows
+Tensor Qwen35Model::logits_of(Tensor hn, int64_t n_out) {
+  Tensor selected = act({n_out, cfg_.hidden_size});
+  ops_.gather_rows(hn, selected);
+  Tensor logits = act({n_out, cfg_.vocab_size});
+  ops_.linear(selected, w_.lm_head, logits);
+  return logits;
+}
+
+Tensor Qwen35Model::forward(const StepPlan& plan, Tensor* hidden_out) {
+  ops_.begin_step(plan);
+  const int64_t T = plan.n_tokens(), H = cfg_.hidden_size;
+  Tensor x = act({T, H});  // the residual stream
+  ops_.embedding(w_.embed, x);
+  for (const LayerWeights& L : w_.layers) decoder_layer(L, x);
+  Tensor hn = act({T, H});
+  ops_.rms_norm(x, w_.final_norm, cfg_.rms_norm_eps, hn);
+  if (hidden_out) *hidden_out = hn;
+  return logits_of(hn, plan.n_out());
+}
+
+Tensor Qwen35Model::forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor* hidden_out) {
+  DS_ASSERT(has_mtp(), "forward_mtp on a checkpoint without mtp.* weights");
+  const MtpWeights& m = *w_.mtp;
+  ops_.begin_step(plan);
+  const int64_t T = plan.n_tokens(), H = cfg_.hidden_size;
+  DS_ASSERT(hidden_prev.dim(0) == T, "hidden_prev rows %lld != tokens %lld", (long long)hidden_prev.dim(0), (long long)T);
+  Tensor embeds = act({T, H});
+  ops_.embedding(w_.embed, embeds);
+  Tensor e_normed = act({T, H});
+  Tensor h_normed = act({T, H});
+  ops_.rms_norm(embeds, m.pre_fc_norm_embedding, cfg_.rms_norm_eps, e_normed);
+  ops_.rms_norm(hidden_prev, m.pre_fc_norm_hidden, cfg_.rms_norm_eps, h_normed);
+  Tensor fc_in = act({T, 2 * H});  // order: [embedding, hidden]
+  ops_.concat_cols(e_normed, h_normed, fc_in);
+  Tensor x = act({T, H});
+  ops_.linear(fc_in, m.fc, x);
+  decoder_layer(m.layer, x);
+  Tensor mtp_hidden = act({T, H});
+  ops_.rms_norm(x, m.norm, cfg_.rms_norm_eps, mtp_hidden);
+  if (hidden_out) *hidden_out = mtp_hidden;
+  return logits_of(mtp_hidden, plan.n_out());
+}
+
+}  // namespace ds

@@ -1,0 +1,108 @@
+// Qwen35Model: the qwen3_5 text model (and its MTP head) written once against the Ops
+// contract. Owns no memory: weights are backend tensors, caches live in the backend pools,
+// and every step is described by a StepPlan.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/status.h"
+#include "io/checkpoint.h"
+#include "io/model_config.h"
+#include "ops/ops.h"
+
+namespace ds {
+
+struct GdnWeights {
+  Tensor in_proj_qkv;  // [conv_dim, H]
+  Tensor in_proj_z;    // [Hv*dv, H]
+  Tensor in_proj_b;    // [Hv, H]
+  Tensor in_proj_a;    // [Hv, H]
+  Tensor conv1d;       // f32 [conv_dim, K]
+  Tensor a_log;        // f32 [Hv]
+  Tensor dt_bias;      // f32 [Hv]
+  Tensor norm;         // f32 [dv], plain multiplier
+  Tensor out_proj;     // [H, Hv*dv]
+};
+
+struct AttnWeights {
+  Tensor q_proj;  // [nH*2*hd, H], per head [query | gate]
+  Tensor k_proj;  // [nKV*hd, H]
+  Tensor v_proj;  // [nKV*hd, H]
+  Tensor o_proj;  // [H, nH*hd]
+  Tensor q_norm;  // f32 [hd], 1 already added
+  Tensor k_norm;  // f32 [hd], 1 already added
+};
+
+struct MlpWeights {
+  Tensor gate_proj;  // [I, H]
+  Tensor up_proj;    // [I, H]
+  Tensor down_proj;  // [H, I]
+};
+
+struct LayerWeights {
+  LayerType type = LayerType::kLinearAttention;
+  int cache_index = 0;    // GDN state layer, or KV layer, of this decoder layer
+  Tensor input_norm;      // f32 [H], 1 already added
+  Tensor post_attn_norm;  // f32 [H], 1 already added
+  GdnWeights gdn;         // linear-attention layers only
+  AttnWeights attn;       // full-attention layers only
+  MlpWeights mlp;
+};
+
+struct MtpWeights {
+  Tensor fc;                     // [H, 2H], input = concat(embedding part, hidden part)
+  Tensor pre_fc_norm_embedding;  // f32 [H], 1 already added
+  Tensor pre_fc_norm_hidden;     // f32 [H], 1 already added
+  Tensor norm;                   // f32 [H], 1 already added
+  LayerWeights layer;            // one full-attention decoder layer
+};
+
+struct ModelWeights {
+  Tensor embed;       // [V, H]
+  Tensor final_norm;  // f32 [H], 1 already added
+  Tensor lm_head;     // [V, H] (the embedding when tied)
+  std::vector<LayerWeights> layers;
+  std::optional<MtpWeights> mtp;
+};
+
+// Reads and checks every tensor the config implies; uploads through `ops`.
+Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops);
+
+class Qwen35Model {
+ public:
+  static Result<std::unique_ptr<Qwen35Model>> load(const Checkpoint& ck, Ops& ops);
+
+  const ModelConfig& config() const { return cfg_; }
+  bool has_mtp() const { return w_.mtp.has_value(); }
+  int mtp_kv_layer() const { return cfg_.n_full_attention_layers(); }
+  // Pool sizes for n_blocks KV blocks of block_size tokens and n_slots GDN state slots.
+  CacheGeometry cache_geometry(int n_blocks, int block_size, int n_slots) const;
+
+  // One step of the main model. Returns act [plan.n_out(), V] logits of plan.logit_rows;
+  // hidden_out (optional) gets act [T, H], the final-normed hidden of every row (MTP input).
+  // Results are backend scratch: valid until ops.reset_scratch().
+  Tensor forward(const StepPlan& plan, Tensor* hidden_out = nullptr);
+
+  // One MTP step: row t takes token plan.token_ids[t] and hidden_prev[t] (act [T, H], the
+  // main model's final-normed hidden of the previous position, or the previous MTP output),
+  // attends over the MTP layer's cache. Returns act [n_out, V] draft logits; hidden_out gets
+  // the MTP output hidden act [T, H] for chaining.
+  Tensor forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor* hidden_out = nullptr);
+
+ private:
+  Qwen35Model(const ModelConfig& cfg, ModelWeights w, Ops& ops) : cfg_(cfg), w_(std::move(w)), ops_(ops) {}
+  Tensor gdn_block(const LayerWeights& L, Tensor h);
+  Tensor attention_block(const LayerWeights& L, Tensor h);
+  Tensor mlp_block(const MlpWeights& m, Tensor h);
+  Tensor decoder_layer(const LayerWeights& L, Tensor x);
+  Tensor logits_of(Tensor hn, int64_t n_out);
+  Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }
+
+  ModelConfig cfg_;
+  ModelWeights w_;
+  Ops& ops_;
+};
+
+}  // namespace ds

@@ -1,0 +1,87 @@
+// Ops: the backend-neutral list of operations the model forward is written against.
+// A backend owns all device memory (weights, cache pools, step scratch) and the current
+// StepPlan; the model passes tensor views and layer indices. Shapes are outermost first;
+// "act" is the backend's activation dtype (F32 on the CPU reference, BF16 on CUDA).
+#pragma once
+
+#include <initializer_list>
+
+#include "core/tensor.h"
+#include "ops/step_plan.h"
+
+namespace ds {
+
+// Head layout of one Gated DeltaNet layer.
+struct GdnShape {
+  int n_k_heads = 0, n_v_heads = 0, k_head_dim = 0, v_head_dim = 0;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual const char* name() const = 0;
+  virtual DType act_dtype() const = 0;
+
+  // --- memory ---
+  // A persistent copy of host data (any float dtype), stored as `want`.
+  virtual Tensor upload(const void* host, DType host_dtype, std::initializer_list<int64_t> shape, DType want) = 0;
+  // Step-lifetime memory, released by reset_scratch().
+  virtual Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) = 0;
+  virtual void reset_scratch() = 0;
+  // Copies a float tensor to host fp32 (synchronises).
+  virtual void download_f32(Tensor src, float* host) = 0;
+  // Allocates the KV and GDN state pools once (contents start as zeros).
+  virtual void alloc_caches(const CacheGeometry& geometry) = 0;
+  // Copies the GDN conv and recurrent state of `src_slot` into `dst_slot` (all layers).
+  virtual void copy_state_slot(int src_slot, int dst_slot) = 0;
+
+  // --- step ---
+  // Makes `plan` the current step; the ops below read its token ids, positions, sequence
+  // ranges, block tables and state slots.
+  virtual void begin_step(const StepPlan& plan) = 0;
+
+  // out act [T, H] = table[plan.token_ids]; table [V, H]
+  virtual void embedding(Tensor table, Tensor out) = 0;
+  // out act [R, D] = x / rms(x) * w; x act [R, D]; w f32 [D] (zero-centred norms pre-add 1 at load)
+  virtual void rms_norm(Tensor x, Tensor w, float eps, Tensor out) = 0;
+  // out act [T, N] = x act [T, K] . w [N, K]^T
+  virtual void linear(Tensor x, Tensor w, Tensor out) = 0;
+  // x act [R, D] += y act [R, D]
+  virtual void add(Tensor x, Tensor y) = 0;
+  // out act [T, I] = silu(gate) * up; gate, up act [T, I]
+  virtual void silu_mul(Tensor gate, Tensor up, Tensor out) = 0;
+  // out act [n_out, H] = x[plan.logit_rows]; x act [T, H]
+  virtual void gather_rows(Tensor x, Tensor out) = 0;
+
+  // --- Gated DeltaNet ---
+  // Causal depthwise conv over each sequence continuing from its conv state, then SiLU; the
+  // state keeps the last K-1 pre-conv rows. mixed act [T, C]; w f32 [C, K]; out act [T, C].
+  virtual void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) = 0;
+  // g = -exp(a_log) * softplus(a + dt_bias), beta = sigmoid(b).
+  // a, b act [T, Hv]; a_log, dt_bias f32 [Hv]; g, beta f32 [T, Hv]
+  virtual void gdn_gates(Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, Tensor g, Tensor beta) = 0;
+  // The gated delta rule per sequence from its recurrent state (q/k L2-normalised inside, q
+  // scaled by dk^-0.5, k-head of v-head h = h / (Hv/Hk)); writes the new state.
+  // qkv act [T, 2*Hk*dk + Hv*dv] (post-conv); g, beta f32 [T, Hv]; out act [T, Hv, dv]
+  virtual void gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& shape, int state_layer,
+                                Tensor out) = 0;
+  // out = w * (x / rms(x)) * act(z), act = sigmoid if sigmoid_gate else silu.
+  // x, z act [R, D]; w f32 [D]; out act [R, D]
+  virtual void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) = 0;
+
+  // --- gated full attention ---
+  // p act [T, nH * 2 * hd] (per head [query | gate]) -> q act [T, nH, hd], gate act [T, nH * hd]
+  virtual void split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) = 0;
+  // NeoX rotation of the first rotary_dim dims of every head at plan.positions. x act [T, n, hd]
+  virtual void rope(Tensor x, int rotary_dim, double theta) = 0;
+  // Appends k, v to the paged cache of kv_layer at each sequence's n_past, then causal GQA
+  // attention of q over the sequence's cache. q act [T, nH, hd]; k, v act [T, nKV, hd];
+  // out act [T, nH * hd]
+  virtual void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) = 0;
+  // x act [R, D] *= sigmoid(gate act [R, D])
+  virtual void sigmoid_mul(Tensor x, Tensor gate) = 0;
+  // out act [T, D1 + D2] = concat(a act [T, D1], b act [T, D2]) along the last dim
+  virtual void concat_cols(Tensor a, Tensor b, Tensor out) = 0;
+};
+
+}  // namespace ds
