@@ -8,6 +8,7 @@ PACKAGES=(
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev
   clang  # libFuzzer for the safetensors fuzz target
+  libpcre2-dev libutf8proc-dev  # tokenizer: Unicode regex classes, NFC
 )
 
 missing=()
