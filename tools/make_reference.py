@@ -191,20 +191,11 @@ def build(fx, out_root):
         t.update(mtp)
         save_file(t, p, metadata={"format": "pt"})
 
-    # Rewrite config.json in the variant this fixture exercises (same model, other spelling).
-    cp = os.path.join(d, "config.json")
-    cj = json.load(open(cp))
-    tcj = cj.get("text_config", cj)
-    if fx["layout"] == "interval":
-        del tcj["layer_types"]
-        tcj["full_attention_interval"] = 2
-        rp = tcj.pop("rope_parameters")
-        tcj["rope_theta"] = rp["rope_theta"]
-        tcj["partial_rotary_factor"] = rp["partial_rotary_factor"]
-    json.dump(cj, open(cp, "w"), indent=2, sort_keys=True)
-
-    # fp32 reference from the bf16-rounded weights.
-    model = model.float().eval()
+    # fp32 reference: the saved bf16 checkpoint loaded back in fp32, as a user would load it.
+    # (Casting the in-memory model instead would also round the RoPE inv_freq buffer to bf16.)
+    cls = Qwen3_5ForConditionalGeneration if fx["wrapper"] else Qwen3_5ForCausalLM
+    model = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    tc = model.config.text_config if fx["wrapper"] else model.config
     g2 = torch.Generator().manual_seed(100 + fx["seed"])
     ids = torch.randint(0, tc.vocab_size, (1, fx["prompt_len"]), generator=g2)
     with torch.no_grad():
@@ -230,6 +221,18 @@ def build(fx, out_root):
         mtp_logits = (m[0] @ model.lm_head.weight.T).detach().numpy().astype(np.float32)
         np.save(os.path.join(d, "mtp_logits.npy"), mtp_logits)
         ref["mtp_logits_std"] = float(mtp_logits.std())
+    # Rewrite config.json in the variant this fixture exercises (same model, other spelling).
+    cp = os.path.join(d, "config.json")
+    cj = json.load(open(cp))
+    tcj = cj.get("text_config", cj)
+    if fx["layout"] == "interval":
+        del tcj["layer_types"]
+        tcj["full_attention_interval"] = 2
+        rp = tcj.pop("rope_parameters")
+        tcj["rope_theta"] = rp["rope_theta"]
+        tcj["partial_rotary_factor"] = rp["partial_rotary_factor"]
+    json.dump(cj, open(cp, "w"), indent=2, sort_keys=True)
+
     json.dump(ref, open(os.path.join(d, "reference.json"), "w"), indent=1)
     size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
     print(f"{fx['name']}: {size/1e3:.0f} kB, logits std {ref['logits_std']:.3f}, "

@@ -1,0 +1,191 @@
+// Checkpoint folders and config.json: both layouts load; every kind of bad checkpoint gives
+// an error that names the file, the tensor and what was expected.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "backend/cpu/cpu_ops.h"
+#include "io/checkpoint.h"
+#include "model/qwen3_5.h"
+#include "unit/st_writer.h"
+
+namespace ds {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Loads the model in `dir`; returns the error message ("" on success).
+std::string load_error(const fs::path& dir) {
+  auto ck = Checkpoint::open(dir.string());
+  if (!ck.ok()) return ck.status().message();
+  CpuOps ops;
+  auto m = Qwen35Model::load(*ck.value(), ops);
+  return m.ok() ? "" : m.status().message();
+}
+
+// Rewrites dir/model.safetensors through `edit`, which may change the entry list.
+void rewrite_weights(const fs::path& dir, const std::function<void(std::vector<test::StEntry>&)>& edit) {
+  const fs::path p = dir / "model.safetensors";
+  std::vector<test::StEntry> entries;
+  {
+    auto f = SafetensorsFile::open(p.string());
+    ASSERT_TRUE(f.ok());
+    for (const auto& [name, info] : f.value()->tensors()) {
+      const uint8_t* d = static_cast<const uint8_t*>(f.value()->data(info));
+      entries.push_back({name, dtype_name(info.dtype), info.shape, std::vector<uint8_t>(d, d + (info.end - info.begin))});
+    }
+  }
+  edit(entries);
+  test::write_file(p, test::make_safetensors(entries));
+}
+
+void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = nlohmann::json::parse(test::read_file(dir / "config.json"));
+  edit(j);
+  test::write_file(dir / "config.json", j.dump());
+}
+
+TEST(Checkpoint, BothLayoutsLoad) {
+  for (const char* name : {"tiny_wrapper_mtp", "tiny_causal_sharded"})
+    EXPECT_EQ(load_error(fs::path(DS_TEST_DATA_DIR) / name), "") << name;
+  auto wrapper = Checkpoint::open(std::string(DS_TEST_DATA_DIR) + "/tiny_wrapper_mtp");
+  ASSERT_TRUE(wrapper.ok());
+  EXPECT_TRUE(wrapper.value()->config().wrapper);
+  EXPECT_TRUE(wrapper.value()->has("model.layers.0.linear_attn.A_log"));
+  EXPECT_TRUE(wrapper.value()->has_prefix("mtp."));
+  EXPECT_FALSE(wrapper.value()->has_prefix("model.visual."));  // vision weights are skipped
+  auto causal = Checkpoint::open(std::string(DS_TEST_DATA_DIR) + "/tiny_causal_sharded");
+  ASSERT_TRUE(causal.ok());
+  const ModelConfig& c = causal.value()->config();
+  EXPECT_FALSE(c.wrapper);
+  // full_attention_interval 2 and flattened rope fields
+  ASSERT_EQ(c.layer_types.size(), 4u);
+  EXPECT_EQ(c.layer_types[0], LayerType::kLinearAttention);
+  EXPECT_EQ(c.layer_types[1], LayerType::kFullAttention);
+  EXPECT_EQ(c.rotary_dim, 20);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+}
+
+TEST(Checkpoint, CanonicalNames) {
+  EXPECT_EQ(Checkpoint::canonical_name("model.language_model.layers.3.mlp.up_proj.weight"),
+            "model.layers.3.mlp.up_proj.weight");
+  EXPECT_EQ(Checkpoint::canonical_name("language_model.model.norm.weight"), "model.norm.weight");
+  EXPECT_EQ(Checkpoint::canonical_name("model.visual.blocks.0.attn.qkv.weight"), "");
+  EXPECT_EQ(Checkpoint::canonical_name("mtp.fc.weight"), "mtp.fc.weight");
+}
+
+TEST(Checkpoint, MissingTensor) {
+  fs::path d = test::copy_fixture("tiny_wrapper_mtp", "missing");
+  rewrite_weights(d, [](auto& e) {
+    std::erase_if(e, [](const auto& x) { return x.name == "model.language_model.layers.1.mlp.up_proj.weight"; });
+  });
+  std::string err = load_error(d);
+  EXPECT_NE(err.find("has no tensor 'model.layers.1.mlp.up_proj.weight'"), std::string::npos) << err;
+  fs::remove_all(d);
+}
+
+TEST(Checkpoint, WrongShape) {
+  fs::path d = test::copy_fixture("tiny_wrapper_mtp", "shape");
+  rewrite_weights(d, [](auto& e) {
+    for (auto& x : e)
+      if (x.name == "model.language_model.layers.2.self_attn.k_proj.weight") {
+        x.shape = {47, 64};
+        x.bytes.resize(47 * 64 * 2);
+      }
+  });
+  std::string err = load_error(d);
+  EXPECT_NE(err.find("model.language_model.layers.2.self_attn.k_proj.weight"), std::string::npos) << err;
+  EXPECT_NE(err.find("expected shape [48, 64], found [47, 64]"), std::string::npos) << err;
+  EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+  fs::remove_all(d);
+}
+
+TEST(Checkpoint, WrongDtype) {
+  fs::path d = test::copy_fixture("tiny_wrapper_mtp", "dtype");
+  rewrite_weights(d, [](auto& e) {
+    for (auto& x : e)
+      if (x.name == "model.language_model.norm.weight") {
+        x.dtype = "I16";
+      }
+  });
+  std::string err = load_error(d);
+  EXPECT_NE(err.find("'model.language_model.norm.weight'"), std::string::npos) << err;
+  EXPECT_NE(err.find("expected dtype BF16, F16 or F32, found I16"), std::string::npos) << err;
+  fs::remove_all(d);
+}
+
+TEST(Checkpoint, TruncatedFile) {
+  fs::path d = test::copy_fixture("tiny_wrapper_mtp", "trunc");
+  fs::resize_file(d / "model.safetensors", fs::file_size(d / "model.safetensors") - 1000);
+  std::string err = load_error(d);
+  EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+  fs::remove_all(d);
+}
+
+TEST(Checkpoint, PartialMtpIsAnError) {
+  fs::path d = test::copy_fixture("tiny_wrapper_mtp", "mtp");
+  rewrite_weights(d, [](auto& e) { std::erase_if(e, [](const auto& x) { return x.name == "mtp.norm.weight"; }); });
+  std::string err = load_error(d);
+  EXPECT_NE(err.find("'mtp.norm.weight'"), std::string::npos) << err;
+  fs::remove_all(d);
+}
+
+TEST(Checkpoint, MissingShard) {
+  fs::path d = test::copy_fixture("tiny_causal_sharded", "shard");
+  fs::remove(d / "model-00002-of-00004.safetensors");
+  std::string err = load_error(d);
+  EXPECT_NE(err.find("model-00002-of-00004.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("missing"), std::string::npos) << err;
+  fs::remove_all(d);
+}
+
+TEST(Checkpoint, BadConfigs) {
+  fs::path d = test::copy_fixture("tiny_wrapper_mtp", "config");
+  const std::string original = test::read_file(d / "config.json");
+  auto with_config = [&](const std::function<void(nlohmann::json&)>& edit) {
+    test::write_file(d / "config.json", original);
+    edit_config(d, edit);
+    return load_error(d);
+  };
+  test::write_file(d / "config.json", "{\"model_type\": \"qwen3_5\", ");
+  std::string err = load_error(d);
+  EXPECT_NE(err.find("config.json: not valid JSON"), std::string::npos) << err;
+  err = with_config([](auto& j) { j["model_type"] = "llama"; });
+  EXPECT_NE(err.find("unsupported model_type 'llama'"), std::string::npos) << err;
+  err = with_config([](auto& j) { j["text_config"]["hidden_size"] = "64"; });
+  EXPECT_NE(err.find("'hidden_size' must be an integer"), std::string::npos) << err;
+  err = with_config([](auto& j) { j["text_config"].erase("vocab_size"); });
+  EXPECT_NE(err.find("'vocab_size' is missing"), std::string::npos) << err;
+  err = with_config([](auto& j) { j["text_config"]["layer_types"].push_back("full_attention"); });
+  EXPECT_NE(err.find("'layer_types' has 6 entries but num_hidden_layers is 5"), std::string::npos) << err;
+  err = with_config([](auto& j) { j["text_config"]["layer_types"][0] = "mamba"; });
+  EXPECT_NE(err.find("unknown layer type \"mamba\""), std::string::npos) << err;
+  err = with_config([](auto& j) { j["text_config"]["rope_parameters"]["rope_type"] = "yarn"; });
+  EXPECT_NE(err.find("rope_type \"yarn\""), std::string::npos) << err;
+  err = with_config([](auto& j) { j["text_config"]["linear_num_value_heads"] = 5; });
+  EXPECT_NE(err.find("multiple of linear_num_key_heads"), std::string::npos) << err;
+  fs::remove(d / "config.json");
+  err = load_error(d);
+  EXPECT_NE(err.find("cannot read"), std::string::npos) << err;
+  EXPECT_NE(load_error("/nonexistent/model").find("does not exist"), std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST(ModelConfig, DefaultIntervalBuildsThreeToOne) {
+  auto c = parse_model_config(
+      R"({"model_type":"qwen3_5_text","vocab_size":10,"hidden_size":8,"intermediate_size":8,
+          "num_hidden_layers":8,"num_attention_heads":2,"num_key_value_heads":1,"head_dim":4,
+          "linear_num_key_heads":1,"linear_num_value_heads":2,"linear_key_head_dim":4,"linear_value_head_dim":4,
+          "rope_parameters":{"rope_theta":1e7,"partial_rotary_factor":0.5},"eos_token_id":[3,4]})",
+      "cfg.json");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  for (int i = 0; i < 8; ++i)
+    EXPECT_EQ(c.value().layer_types[i], (i + 1) % 4 == 0 ? LayerType::kFullAttention : LayerType::kLinearAttention);
+  EXPECT_EQ(c.value().rotary_dim, 2);
+  EXPECT_EQ(c.value().eos_token_ids, (std::vector<int>{3, 4}));
+}
+
+}  // namespace
+}  // namespace ds
