@@ -32,8 +32,6 @@ class Ops {
   virtual void download_f32(Tensor src, float* host) = 0;
   // Allocates the KV and GDN state pools once (contents start as zeros).
   virtual void alloc_caches(const CacheGeometry& geometry) = 0;
-  // Copies the GDN conv and recurrent state of `src_slot` into `dst_slot` (all layers).
-  virtual void copy_state_slot(int src_slot, int dst_slot) = 0;
 
   // --- step ---
   // Makes `plan` the current step; the ops below read its token ids, positions, sequence

@@ -2,6 +2,8 @@
 // an error that names the file, the tensor and what was expected.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -65,6 +67,74 @@ TEST(Checkpoint, BothLayoutsLoad) {
   EXPECT_EQ(c.layer_types[1], LayerType::kFullAttention);
   EXPECT_EQ(c.rotary_dim, 20);
   EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+}
+
+// Logits of the fixture's prompt from the checkpoint in `dir`.
+std::vector<float> prompt_logits(const fs::path& dir) {
+  auto ck = Checkpoint::open(dir.string());
+  EXPECT_TRUE(ck.ok()) << ck.status().message();
+  CpuOps ops;
+  auto model = Qwen35Model::load(*ck.value(), ops);
+  EXPECT_TRUE(model.ok()) << model.status().message();
+  StepPlan plan;
+  const int n = 12;
+  for (int i = 0; i < n; ++i) {
+    plan.token_ids.push_back((i * 37) % 300);
+    plan.positions.push_back(i);
+    plan.logit_rows.push_back(i);
+  }
+  plan.cu_seqlens = {0, n};
+  plan.n_past = {0};
+  plan.state_slots = {0};
+  plan.block_tables = {0};
+  plan.max_blocks = 1;
+  ops.alloc_caches(model.value()->cache_geometry(1, 16, 1));
+  Tensor logits = model.value()->forward(plan);
+  std::vector<float> out(logits.numel());
+  ops.download_f32(logits, out.data());
+  return out;
+}
+
+// Converts every BF16 tensor of dir/model.safetensors to `dtype` ("F32" or "F16").
+void convert_bf16_weights(const fs::path& dir, const std::string& dtype) {
+  rewrite_weights(dir, [&](auto& entries) {
+    for (auto& e : entries) {
+      if (e.dtype != "BF16") continue;
+      const size_t n = e.bytes.size() / 2;
+      std::vector<uint8_t> out(n * (dtype == "F32" ? 4 : 2));
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, &e.bytes[2 * i], 2);
+        const float f = bf16_to_f32(h);
+        if (dtype == "F32") {
+          std::memcpy(&out[4 * i], &f, 4);
+        } else {
+          const uint16_t x = f32_to_f16(f);
+          std::memcpy(&out[2 * i], &x, 2);
+        }
+      }
+      e.dtype = dtype;
+      e.bytes = std::move(out);
+    }
+  });
+}
+
+TEST(Checkpoint, Fp32AndFp16WeightsLoad) {
+  const std::vector<float> bf16 = prompt_logits(fs::path(DS_TEST_DATA_DIR) / "tiny_wrapper_mtp");
+  fs::path d32 = test::copy_fixture("tiny_wrapper_mtp", "f32");
+  convert_bf16_weights(d32, "F32");
+  EXPECT_EQ(prompt_logits(d32), bf16);  // the same values, widened: bit-identical logits
+  fs::path d16 = test::copy_fixture("tiny_wrapper_mtp", "f16");
+  convert_bf16_weights(d16, "F16");
+  std::vector<float> f16 = prompt_logits(d16);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < f16.size(); ++i) {
+    num += (f16[i] - bf16[i]) * double(f16[i] - bf16[i]);
+    den += double(bf16[i]) * bf16[i];
+  }
+  EXPECT_LE(std::sqrt(num / den), 1e-3);  // fp16 keeps bf16's values up to its narrower range
+  fs::remove_all(d32);
+  fs::remove_all(d16);
 }
 
 TEST(Checkpoint, CanonicalNames) {

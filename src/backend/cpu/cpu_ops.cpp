@@ -64,15 +64,6 @@ float* CpuOps::recurrent_state(int layer, int slot) {
   return rec_states_.data() + (size_t(layer) * geo_.n_slots + slot) * geo_.n_v_heads * geo_.k_head_dim * geo_.v_head_dim;
 }
 
-void CpuOps::copy_state_slot(int src, int dst) {
-  const size_t conv = size_t(geo_.conv_rows) * geo_.conv_dim;
-  const size_t rec = size_t(geo_.n_v_heads) * geo_.k_head_dim * geo_.v_head_dim;
-  for (int l = 0; l < geo_.n_state_layers; ++l) {
-    std::memcpy(conv_state(l, dst), conv_state(l, src), conv * sizeof(float));
-    std::memcpy(recurrent_state(l, dst), recurrent_state(l, src), rec * sizeof(float));
-  }
-}
-
 void CpuOps::begin_step(const StepPlan& plan) {
   const int n_seqs = plan.n_seqs();
   DS_ASSERT(n_seqs >= 1 && plan.cu_seqlens[0] == 0 && plan.cu_seqlens[n_seqs] == plan.n_tokens(), "bad cu_seqlens");

@@ -28,7 +28,6 @@ class CpuOps final : public Ops {
   void reset_scratch() override { scratch_.clear(); }
   void download_f32(Tensor src, float* host) override;
   void alloc_caches(const CacheGeometry& geometry) override;
-  void copy_state_slot(int src_slot, int dst_slot) override;
 
   void begin_step(const StepPlan& plan) override;
   void embedding(Tensor table, Tensor out) override;
