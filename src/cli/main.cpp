@@ -8,9 +8,7 @@ int main(int argc, char** argv) {
   CLI::App app{"deltaserve: a native inference server for the qwen3_5 model family"};
   app.require_subcommand(1);
   ds::register_model_commands(app);
-#ifdef DS_HAVE_TOKENIZER
   ds::register_tokenizer_commands(app);
-#endif
   CLI11_PARSE(app, argc, argv);
   return 0;
 }
