@@ -9,6 +9,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   clang  # libFuzzer for the safetensors fuzz target
   libpcre2-dev libutf8proc-dev  # tokenizer: Unicode regex classes, NFC
+  libcpp-httplib-dev  # server: HTTP (pulls libssl-dev, zlib1g-dev, libbrotli-dev)
 )
 
 missing=()

@@ -8,6 +8,7 @@
 #include "cache/kv_block_pool.h"
 #include "cache/state_slots.h"
 #include "core/status.h"
+#include "engine/seq_pools.h"
 #include "model/qwen3_5.h"
 
 namespace ds {
@@ -33,7 +34,7 @@ struct RunnerOptions {
   int n_slots = 8;      // concurrent sequences (GDN state slots)
 };
 
-class Runner {
+class Runner : public SeqPools {
  public:
   Runner(Qwen35Model& model, Ops& ops, const RunnerOptions& options);
 
@@ -41,8 +42,15 @@ class Runner {
   Ops& ops() { return ops_; }
   int max_context() const { return options_.n_blocks * options_.block_size; }
 
-  Status admit(Sequence& seq);   // takes a state slot
-  void release(Sequence& seq);   // frees its slot and blocks
+  Status admit(Sequence& seq) override;   // takes a state slot
+  void release(Sequence& seq) override;   // frees its slot and blocks
+
+  // Pool counts for the scheduler (SeqPools).
+  int block_size() const override { return options_.block_size; }
+  int n_blocks() const override { return kv_.n_blocks(); }
+  int n_free_blocks() const override { return kv_.n_free(); }
+  int n_slots() const override { return slots_.n_slots(); }
+  int n_free_slots() const override { return slots_.n_free(); }
 
   // Builds the plan of one varlen step, taking KV blocks as needed.
   Result<StepPlan> plan_step(const std::vector<SeqWork>& work);

@@ -1,0 +1,128 @@
+// Sampler: logits processing in the order vLLM applies it (bias, penalties, temperature, then
+// top-k / top-p / min-p truncation) and one seeded draw. Logprobs come from the raw logits.
+#include "engine/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <unordered_map>
+
+namespace ds {
+
+Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
+    : params_(params), rng_(params.has_seed ? params.seed : fallback_seed) {}
+
+double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0); }
+
+namespace {
+
+// log-softmax of x at every index needed: returns the log normaliser.
+double log_sum_exp(std::span<const float> x) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (float v : x) mx = std::max(mx, v);
+  double s = 0.0;
+  for (float v : x) s += std::exp(static_cast<double>(v - mx));
+  return mx + std::log(s);
+}
+
+}  // namespace
+
+SampleOutput Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
+                             std::span<const int32_t> generated) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  SampleOutput out;
+  work_.assign(logits.begin(), logits.end());
+  float* w = work_.data();
+
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id >= 0 && id < V) w[id] += bias;
+  if (params_.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(V, false);
+    auto mark = [&](int32_t t) {
+      if (t >= 0 && t < V) seen[t] = true;
+    };
+    for (int32_t t : prompt) mark(t);
+    for (int32_t t : generated) mark(t);
+    for (int64_t i = 0; i < V; ++i)
+      if (seen[i]) w[i] = w[i] > 0 ? w[i] / params_.repetition_penalty : w[i] * params_.repetition_penalty;
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> counts;
+    for (int32_t t : generated) ++counts[t];
+    for (const auto& [t, c] : counts)
+      if (t >= 0 && t < V) w[t] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(c);
+  }
+
+  const bool greedy = params_.temperature <= 0.0f || params_.top_k == 1;
+  if (greedy) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (w[i] > w[best]) best = i;  // first index on ties, as torch.argmax
+    out.token = static_cast<int32_t>(best);
+  } else {
+    const float inv_t = 1.0f / params_.temperature;
+    candidates_.resize(V);
+    for (int64_t i = 0; i < V; ++i) candidates_[i] = static_cast<int32_t>(i);
+    auto by_logit = [&](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
+    size_t n = candidates_.size();
+    if (params_.top_k > 0 && static_cast<int64_t>(params_.top_k) < V) {
+      n = static_cast<size_t>(params_.top_k);
+      std::nth_element(candidates_.begin(), candidates_.begin() + (n - 1), candidates_.end(), by_logit);
+      candidates_.resize(n);
+    }
+    std::sort(candidates_.begin(), candidates_.end(), by_logit);
+    // probabilities over the support, in descending order
+    std::vector<double> p(n);
+    const double mx = static_cast<double>(w[candidates_[0]]) * inv_t;
+    double z = 0.0;
+    for (size_t i = 0; i < n; ++i) z += (p[i] = std::exp(static_cast<double>(w[candidates_[i]]) * inv_t - mx));
+    for (double& v : p) v /= z;
+    size_t keep = n;
+    if (params_.top_p < 1.0f) {
+      double cum = 0.0;
+      for (size_t i = 0; i < n; ++i) {
+        cum += p[i];
+        if (cum >= params_.top_p) {
+          keep = i + 1;
+          break;
+        }
+      }
+    }
+    if (params_.min_p > 0.0f) {
+      const double floor_p = params_.min_p * p[0];
+      size_t k = 1;
+      while (k < keep && p[k] >= floor_p) ++k;
+      keep = k;
+    }
+    double total = 0.0;
+    for (size_t i = 0; i < keep; ++i) total += p[i];
+    const double u = uniform() * total;
+    double cum = 0.0;
+    size_t pick = keep - 1;
+    for (size_t i = 0; i < keep; ++i) {
+      cum += p[i];
+      if (u < cum) {
+        pick = i;
+        break;
+      }
+    }
+    out.token = candidates_[pick];
+  }
+
+  if (params_.n_logprobs >= 0) {
+    const double lse = log_sum_exp(logits);
+    out.logprob = static_cast<float>(logits[out.token] - lse);
+    const int64_t k = std::min<int64_t>(params_.n_logprobs, V);
+    if (k > 0) {
+      std::vector<int32_t> idx(V);
+      for (int64_t i = 0; i < V; ++i) idx[i] = static_cast<int32_t>(i);
+      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      });
+      for (int64_t i = 0; i < k; ++i) out.top.push_back({idx[i], static_cast<float>(logits[idx[i]] - lse)});
+    }
+  }
+  return out;
+}
+
+}  // namespace ds

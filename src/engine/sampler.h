@@ -1,0 +1,61 @@
+// Sampler: picks the next token of one request from its fp32 logits on the CPU: penalties,
+// logit bias, temperature, top-k, top-p, min-p, a per-request seeded generator, logprobs.
+// Knows nothing of HTTP or JSON; the GPU sampler (later) must match its semantics.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace ds {
+
+struct SamplingParams {
+  float temperature = 1.0f;         // <= 0: greedy
+  float top_p = 1.0f;               // (0, 1]
+  int top_k = 0;                    // <= 0: off
+  float min_p = 0.0f;               // [0, 1]; drops tokens below min_p * p(max)
+  float presence_penalty = 0.0f;    // OpenAI: subtracted once from tokens already generated
+  float frequency_penalty = 0.0f;   // OpenAI: subtracted per occurrence in the generated tokens
+  float repetition_penalty = 1.0f;  // HF/vLLM: divides positive (multiplies negative) logits of prompt+generated tokens
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits
+  bool has_seed = false;
+  uint64_t seed = 0;
+  int n_logprobs = -1;  // -1: none; 0..20: the sampled token's logprob and this many alternatives
+};
+
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0.0f;
+};
+
+struct SampleOutput {
+  int32_t token = -1;
+  float logprob = 0.0f;            // of `token` under the raw model distribution (n_logprobs >= 0)
+  std::vector<TokenLogprob> top;   // [n_logprobs] most likely raw tokens, best first
+};
+
+// One per request: holds the request's generator, so draws continue across steps (and across
+// a preemption, which only recomputes the cache) and are reproducible for a given seed.
+class Sampler {
+ public:
+  // `fallback_seed` is used when params.has_seed is false.
+  Sampler(const SamplingParams& params, uint64_t fallback_seed);
+
+  // logits: f32 [vocab]. prompt/generated: the request's tokens so far (for penalties).
+  SampleOutput sample(std::span<const float> logits, std::span<const int32_t> prompt,
+                      std::span<const int32_t> generated);
+
+  const SamplingParams& params() const { return params_; }
+
+ private:
+  double uniform();  // [0, 1) from 53 random bits (std distributions differ between libraries)
+
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<float> work_;           // f32 [vocab] processed logits
+  std::vector<int32_t> candidates_;   // token ids still in the support
+};
+
+}  // namespace ds
