@@ -4,6 +4,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/log.h"
 #ifdef DS_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device.h"
 #endif
 
@@ -21,15 +22,18 @@ int gpu_count() {
 
 Result<std::unique_ptr<Ops>> make_backend(const std::string& device) {
   if (device == "cpu") return std::unique_ptr<Ops>(new CpuOps());
-  if (device == "auto") {
-    if (gpu_count() > 0)
-      DS_LOG_WARN("backend", "a GPU is present but the CUDA model backend is not built yet; using the CPU reference");
+  if (device != "cuda" && device != "auto")
+    return invalid_argument("unknown --device '" + device + "' (expected cpu, cuda or auto)");
+  if (gpu_count() == 0) {
+    if (device == "cuda") return unsupported("--device cuda: no CUDA GPU is available (or this build has no CUDA)");
     return std::unique_ptr<Ops>(new CpuOps());
   }
-  if (device == "cuda")
-    return unsupported(gpu_count() > 0 ? "--device cuda: the CUDA model backend is not implemented yet; use --device cpu"
-                                       : "--device cuda: no CUDA GPU is available");
-  return invalid_argument("unknown --device '" + device + "' (expected cpu, cuda or auto)");
+#ifdef DS_HAVE_CUDA
+  DS_LOG_INFO("backend", "using the CUDA backend");
+  return std::unique_ptr<Ops>(new CudaOps());
+#else
+  return unsupported("unreachable: a GPU was counted without CUDA support");
+#endif
 }
 
 }  // namespace ds

@@ -9,8 +9,8 @@
 
 namespace ds {
 
-// "cpu" is the fp32 reference backend. "auto" is the GPU backend where one is built and a GPU
-// is present, else cpu.
+// "cpu" is the fp32 reference backend, "cuda" the GPU backend; "auto" is cuda where this build
+// has CUDA and a GPU is present, else cpu.
 Result<std::unique_ptr<Ops>> make_backend(const std::string& device);
 
 }  // namespace ds

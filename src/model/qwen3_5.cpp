@@ -17,6 +17,12 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(const Checkpoint& ck, Ops
   return std::unique_ptr<Qwen35Model>(new Qwen35Model(c, std::move(w), ops));
 }
 
+Result<std::unique_ptr<Qwen35Model>> Qwen35Model::synthetic(const ModelConfig& config, Ops& ops, bool with_mtp,
+                                                             uint64_t seed) {
+  DS_ASSIGN_OR_RETURN(ModelWeights w, synthetic_weights(config, ops, with_mtp, seed));
+  return std::unique_ptr<Qwen35Model>(new Qwen35Model(config, std::move(w), ops));
+}
+
 CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_slots) const {
   CacheGeometry g;
   g.n_kv_layers = cfg_.n_full_attention_layers() + (has_mtp() ? 1 : 0);

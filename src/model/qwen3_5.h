@@ -69,10 +69,14 @@ struct ModelWeights {
 
 // Reads and checks every tensor the config implies; uploads through `ops`.
 Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops);
+// Random weights of the config's exact shapes, drawn on the backend (benchmarks).
+Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, uint64_t seed);
 
 class Qwen35Model {
  public:
   static Result<std::unique_ptr<Qwen35Model>> load(const Checkpoint& ck, Ops& ops);
+  static Result<std::unique_ptr<Qwen35Model>> synthetic(const ModelConfig& config, Ops& ops, bool with_mtp,
+                                                        uint64_t seed);
 
   const ModelConfig& config() const { return cfg_; }
   bool has_mtp() const { return w_.mtp.has_value(); }

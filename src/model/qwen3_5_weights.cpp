@@ -1,5 +1,7 @@
-// Weight loading for Qwen35Model: canonical tensor names, expected shapes from the config,
-// zero-centred norms turned into plain gains (1 + w, in fp32) at load.
+// Weights of Qwen35Model: canonical tensor names and expected shapes from the config, read
+// from a checkpoint (zero-centred norms turned into plain gains, 1 + w in fp32) or drawn at
+// random on the backend for synthetic benchmarks.
+#include <cmath>
 #include <string>
 
 #include "model/qwen3_5.h"
@@ -8,23 +10,71 @@ namespace ds {
 
 namespace {
 
-class Loader {
- public:
-  Loader(const Checkpoint& ck, Ops& ops) : ck_(ck), ops_(ops) {}
+// How a fp32 parameter is stored and, for synthetic weights, drawn.
+enum class ParamKind { kNorm1p, kGain, kALog, kDtBias, kConv };
 
-  // A matrix or embedding in the backend's activation dtype.
-  Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) {
+// Where weight values come from: a checkpoint folder, or random values of the right shapes.
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // A matrix or embedding [rows, cols] in the backend's activation dtype.
+  virtual Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) = 0;
+  // A fp32 parameter published with `shape`, stored as [rows, cols] (cols 0: a vector of rows).
+  virtual Result<Tensor> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t rows, int64_t cols,
+                             ParamKind kind) = 0;
+};
+
+class CheckpointSource final : public WeightSource {
+ public:
+  CheckpointSource(const Checkpoint& ck, Ops& ops) : ck_(ck), ops_(ops) {}
+  Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) override {
     DS_ASSIGN_OR_RETURN(CheckpointTensor t, ck_.get_float(name, {rows, cols}));
     return ops_.upload(t.data, t.info->dtype, {rows, cols}, ops_.act_dtype());
   }
-  // A small fp32 vector; `plus_one` for zero-centred RMSNorm weights.
-  Result<Tensor> vec(const std::string& name, std::vector<int64_t> shape, bool plus_one) {
+  Result<Tensor> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t rows, int64_t cols,
+                     ParamKind kind) override {
     DS_ASSIGN_OR_RETURN(std::vector<float> v, ck_.read_f32(name, shape));
-    if (plus_one)
+    if (kind == ParamKind::kNorm1p)  // zero-centred RMSNorm: the gain is 1 + w, added in fp32
       for (float& x : v) x = 1.0f + x;
-    int64_t n = static_cast<int64_t>(v.size());
-    return ops_.upload(v.data(), DType::kF32, {n}, DType::kF32);
+    return cols ? ops_.upload(v.data(), DType::kF32, {rows, cols}, DType::kF32)
+                : ops_.upload(v.data(), DType::kF32, {rows}, DType::kF32);
   }
+
+ private:
+  const Checkpoint& ck_;
+  Ops& ops_;
+};
+
+// Random weights drawn on the backend (uniform, scaled so activations stay O(1)).
+class SyntheticSource final : public WeightSource {
+ public:
+  SyntheticSource(Ops& ops, uint64_t seed) : ops_(ops), seed_(seed) {}
+  Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) override {
+    Tensor t = ops_.alloc(ops_.act_dtype(), {rows, cols});
+    const bool embedding = name.find("embed_tokens") != std::string::npos;
+    ops_.fill_random(t, 0.f, embedding ? 1.f : 1.7f / std::sqrt(static_cast<float>(cols)), seed_++);
+    return t;
+  }
+  Result<Tensor> f32(const std::string&, const std::vector<int64_t>&, int64_t rows, int64_t cols,
+                     ParamKind kind) override {
+    Tensor t = cols ? ops_.alloc(DType::kF32, {rows, cols}) : ops_.alloc(DType::kF32, {rows});
+    static constexpr float kMean[] = {1.f, 1.f, 0.f, 0.f, 0.f};
+    static constexpr float kRange[] = {0.1f, 0.1f, 1.f, 0.5f, 0.5f};
+    ops_.fill_random(t, kMean[static_cast<int>(kind)], kRange[static_cast<int>(kind)], seed_++);
+    return t;
+  }
+
+ private:
+  Ops& ops_;
+  uint64_t seed_;
+};
+
+class Loader {
+ public:
+  explicit Loader(WeightSource& src) : src_(src) {}
+
+  Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) { return src_.matrix(name, rows, cols); }
+  Result<Tensor> norm(const std::string& name, int64_t n) { return src_.f32(name, {n}, n, 0, ParamKind::kNorm1p); }
 
   Status attention(const std::string& p, const ModelConfig& c, AttnWeights* a) {
     const int64_t H = c.hidden_size, hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
@@ -32,8 +82,8 @@ class Loader {
     DS_ASSIGN_OR_RETURN(a->k_proj, matrix(p + "k_proj.weight", nKV * hd, H));
     DS_ASSIGN_OR_RETURN(a->v_proj, matrix(p + "v_proj.weight", nKV * hd, H));
     DS_ASSIGN_OR_RETURN(a->o_proj, matrix(p + "o_proj.weight", H, nH * hd));
-    DS_ASSIGN_OR_RETURN(a->q_norm, vec(p + "q_norm.weight", {hd}, true));
-    DS_ASSIGN_OR_RETURN(a->k_norm, vec(p + "k_norm.weight", {hd}, true));
+    DS_ASSIGN_OR_RETURN(a->q_norm, norm(p + "q_norm.weight", hd));
+    DS_ASSIGN_OR_RETURN(a->k_norm, norm(p + "k_norm.weight", hd));
     return Status();
   }
 
@@ -52,29 +102,25 @@ class Loader {
     DS_ASSIGN_OR_RETURN(g->in_proj_z, matrix(p + "in_proj_z.weight", Hv * dv, H));
     DS_ASSIGN_OR_RETURN(g->in_proj_b, matrix(p + "in_proj_b.weight", Hv, H));
     DS_ASSIGN_OR_RETURN(g->in_proj_a, matrix(p + "in_proj_a.weight", Hv, H));
-    DS_ASSIGN_OR_RETURN(std::vector<float> conv, ck_.read_f32(p + "conv1d.weight", {C, 1, K}));
-    g->conv1d = ops_.upload(conv.data(), DType::kF32, {C, K}, DType::kF32);
-    DS_ASSIGN_OR_RETURN(g->a_log, vec(p + "A_log", {Hv}, false));
-    DS_ASSIGN_OR_RETURN(g->dt_bias, vec(p + "dt_bias", {Hv}, false));
-    DS_ASSIGN_OR_RETURN(g->norm, vec(p + "norm.weight", {dv}, false));
+    DS_ASSIGN_OR_RETURN(g->conv1d, src_.f32(p + "conv1d.weight", {C, 1, K}, C, K, ParamKind::kConv));
+    DS_ASSIGN_OR_RETURN(g->a_log, src_.f32(p + "A_log", {Hv}, Hv, 0, ParamKind::kALog));
+    DS_ASSIGN_OR_RETURN(g->dt_bias, src_.f32(p + "dt_bias", {Hv}, Hv, 0, ParamKind::kDtBias));
+    DS_ASSIGN_OR_RETURN(g->norm, src_.f32(p + "norm.weight", {dv}, dv, 0, ParamKind::kGain));
     DS_ASSIGN_OR_RETURN(g->out_proj, matrix(p + "out_proj.weight", H, Hv * dv));
     return Status();
   }
 
  private:
-  const Checkpoint& ck_;
-  Ops& ops_;
+  WeightSource& src_;
 };
 
-}  // namespace
-
-Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops) {
-  const ModelConfig& c = ck.config();
+// Every tensor the config implies, from `src`; the MTP head when with_mtp.
+Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, bool with_mtp) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  Loader ld(ck, ops);
+  Loader ld(src);
   ModelWeights w;
   DS_ASSIGN_OR_RETURN(w.embed, ld.matrix("model.embed_tokens.weight", V, H));
-  DS_ASSIGN_OR_RETURN(w.final_norm, ld.vec("model.norm.weight", {H}, true));
+  DS_ASSIGN_OR_RETURN(w.final_norm, ld.norm("model.norm.weight", H));
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed;
   } else {
@@ -85,8 +131,8 @@ Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops) {
     const std::string p = "model.layers." + std::to_string(i) + ".";
     LayerWeights L;
     L.type = c.layer_types[i];
-    DS_ASSIGN_OR_RETURN(L.input_norm, ld.vec(p + "input_layernorm.weight", {H}, true));
-    DS_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(p + "post_attention_layernorm.weight", {H}, true));
+    DS_ASSIGN_OR_RETURN(L.input_norm, ld.norm(p + "input_layernorm.weight", H));
+    DS_ASSIGN_OR_RETURN(L.post_attn_norm, ld.norm(p + "post_attention_layernorm.weight", H));
     if (L.type == LayerType::kLinearAttention) {
       L.cache_index = n_gdn++;
       DS_RETURN_IF_ERROR(ld.gdn(p + "linear_attn.", c, &L.gdn));
@@ -97,22 +143,34 @@ Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops) {
     DS_RETURN_IF_ERROR(ld.mlp(p + "mlp.", c, &L.mlp));
     w.layers.push_back(std::move(L));
   }
-  // The MTP head is optional; when any mtp.* tensor exists, all of them must.
-  if (ck.has_prefix("mtp.")) {
+  if (with_mtp) {
     MtpWeights m;
     DS_ASSIGN_OR_RETURN(m.fc, ld.matrix("mtp.fc.weight", H, 2 * H));
-    DS_ASSIGN_OR_RETURN(m.pre_fc_norm_embedding, ld.vec("mtp.pre_fc_norm_embedding.weight", {H}, true));
-    DS_ASSIGN_OR_RETURN(m.pre_fc_norm_hidden, ld.vec("mtp.pre_fc_norm_hidden.weight", {H}, true));
-    DS_ASSIGN_OR_RETURN(m.norm, ld.vec("mtp.norm.weight", {H}, true));
+    DS_ASSIGN_OR_RETURN(m.pre_fc_norm_embedding, ld.norm("mtp.pre_fc_norm_embedding.weight", H));
+    DS_ASSIGN_OR_RETURN(m.pre_fc_norm_hidden, ld.norm("mtp.pre_fc_norm_hidden.weight", H));
+    DS_ASSIGN_OR_RETURN(m.norm, ld.norm("mtp.norm.weight", H));
     m.layer.type = LayerType::kFullAttention;
     m.layer.cache_index = n_attn;
-    DS_ASSIGN_OR_RETURN(m.layer.input_norm, ld.vec("mtp.layers.0.input_layernorm.weight", {H}, true));
-    DS_ASSIGN_OR_RETURN(m.layer.post_attn_norm, ld.vec("mtp.layers.0.post_attention_layernorm.weight", {H}, true));
+    DS_ASSIGN_OR_RETURN(m.layer.input_norm, ld.norm("mtp.layers.0.input_layernorm.weight", H));
+    DS_ASSIGN_OR_RETURN(m.layer.post_attn_norm, ld.norm("mtp.layers.0.post_attention_layernorm.weight", H));
     DS_RETURN_IF_ERROR(ld.attention("mtp.layers.0.self_attn.", c, &m.layer.attn));
     DS_RETURN_IF_ERROR(ld.mlp("mtp.layers.0.mlp.", c, &m.layer.mlp));
     w.mtp = std::move(m);
   }
   return w;
+}
+
+}  // namespace
+
+Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops) {
+  CheckpointSource src(ck, ops);
+  // The MTP head is optional; when any mtp.* tensor exists, all of them must.
+  return build_weights(ck.config(), src, ck.has_prefix("mtp."));
+}
+
+Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, uint64_t seed) {
+  SyntheticSource src(ops, seed);
+  return build_weights(config, src, with_mtp);
 }
 
 }  // namespace ds

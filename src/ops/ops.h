@@ -25,6 +25,11 @@ class Ops {
   // --- memory ---
   // A persistent copy of host data (any float dtype), stored as `want`.
   virtual Tensor upload(const void* host, DType host_dtype, std::initializer_list<int64_t> shape, DType want) = 0;
+  // Persistent memory, contents undefined (filled by fill_random or by ops).
+  virtual Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) = 0;
+  // Uniform values in [mean - half_range, mean + half_range], a pure function of seed and index
+  // (synthetic weights). t is F32 or act.
+  virtual void fill_random(Tensor t, float mean, float half_range, uint64_t seed) = 0;
   // Step-lifetime memory, released by reset_scratch().
   virtual Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) = 0;
   virtual void reset_scratch() = 0;

@@ -23,6 +23,9 @@ struct StepPlan {
   int n_out() const { return static_cast<int>(logit_rows.size()); }
 };
 
+// Aborts on a malformed plan (sizes, ordering, row indices): a scheduler bug, not user input.
+void check_step_plan(const StepPlan& plan);
+
 // Sizes of the cache pools a backend allocates once at start.
 struct CacheGeometry {
   int n_kv_layers = 0;     // full-attention layers (+1 for the MTP layer)

@@ -4,13 +4,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace ds::test {
 
-std::string fixture_dir(const std::string& name) { return std::string(DS_TEST_DATA_DIR) + "/" + name; }
+std::string fixture_dir(const std::string& name) {
+  const char* env = std::getenv("DS_TEST_DATA_DIR");  // env: DS_TEST_DATA_DIR (tests run from another checkout)
+  return std::string(env ? env : DS_TEST_DATA_DIR) + "/" + name;
+}
 
 const std::vector<std::string>& fixture_names() {
   static const std::vector<std::string> names = {"tiny_wrapper_mtp", "tiny_causal_sharded", "tiny_wrapper_long"};

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/gdn_ref.h"
 #include "core/thread_pool.h"
+#include "ops/random_fill.h"
 
 namespace ds {
 
@@ -39,6 +40,16 @@ Tensor CpuOps::upload(const void* host, DType host_dtype, std::initializer_list<
   return t;
 }
 
+Tensor CpuOps::alloc(DType dtype, std::initializer_list<int64_t> shape) {
+  DS_ASSERT(dtype == DType::kF32, "the CPU backend stores F32");
+  return alloc_owned(weights_, dtype, shape);
+}
+
+void CpuOps::fill_random(Tensor t, float mean, float half_range, uint64_t seed) {
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = random_uniform(seed, static_cast<uint64_t>(i), mean, half_range);
+}
+
 Tensor CpuOps::scratch(DType dtype, std::initializer_list<int64_t> shape) { return alloc_owned(scratch_, dtype, shape); }
 
 void CpuOps::download_f32(Tensor src, float* host) {
@@ -65,14 +76,7 @@ float* CpuOps::recurrent_state(int layer, int slot) {
 }
 
 void CpuOps::begin_step(const StepPlan& plan) {
-  const int n_seqs = plan.n_seqs();
-  DS_ASSERT(n_seqs >= 1 && plan.cu_seqlens[0] == 0 && plan.cu_seqlens[n_seqs] == plan.n_tokens(), "bad cu_seqlens");
-  DS_ASSERT(static_cast<int>(plan.positions.size()) == plan.n_tokens(), "positions size");
-  DS_ASSERT(static_cast<int>(plan.n_past.size()) == n_seqs && static_cast<int>(plan.state_slots.size()) == n_seqs,
-            "per-sequence arrays size");
-  DS_ASSERT(static_cast<int>(plan.block_tables.size()) == n_seqs * plan.max_blocks, "block table size");
-  for (int s = 0; s < n_seqs; ++s) DS_ASSERT(plan.cu_seqlens[s] <= plan.cu_seqlens[s + 1], "cu_seqlens not sorted");
-  for (int r : plan.logit_rows) DS_ASSERT(r >= 0 && r < plan.n_tokens(), "logit row %d", r);
+  check_step_plan(plan);
   plan_ = plan;
 }
 

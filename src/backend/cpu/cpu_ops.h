@@ -24,6 +24,8 @@ class CpuOps final : public Ops {
   void set_gdn_mode(GdnMode mode) { gdn_mode_ = mode; }
 
   Tensor upload(const void* host, DType host_dtype, std::initializer_list<int64_t> shape, DType want) override;
+  Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) override;
+  void fill_random(Tensor t, float mean, float half_range, uint64_t seed) override;
   Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
   void reset_scratch() override { scratch_.clear(); }
   void download_f32(Tensor src, float* host) override;

@@ -1,0 +1,64 @@
+// Varlen causal depthwise conv1d + SiLU continuing from each sequence's conv state (the last
+// K-1 pre-conv rows), then the state update. Two kernels, so no thread reads a state row
+// another thread has already overwritten.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launchers.h"
+
+namespace ds::cuda {
+
+namespace {
+
+// Row j of sequence s's window [state; mixed rows of s], channel c (state rows are zero for a
+// fresh sequence).
+__device__ __forceinline__ float window_at(const bf16* mixed, const bf16* state_s, bool fresh, int t0, int R, int j,
+                                          int c, int C) {
+  if (j < R) return fresh ? 0.f : to_f32(state_s[int64_t(j) * C + c]);
+  return to_f32(mixed[int64_t(t0 + j - R) * C + c]);
+}
+
+// grid (T, ceil(C / blockDim)): one thread per (token, channel)
+__global__ void conv1d_silu_kernel(const bf16* mixed, const float* w, const bf16* state, bf16* out,
+                                   const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
+                                   const int32_t* slots, int C, int K) {
+  const int t = blockIdx.x;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  const int s = seq_of_token[t];
+  const int t0 = cu_seqlens[s], R = K - 1;
+  const bf16* state_s = state + int64_t(slots[s]) * R * C;
+  const bool fresh = n_past[s] == 0;
+  float acc = 0.f;
+  for (int j = 0; j < K; ++j) acc += w[int64_t(c) * K + j] * window_at(mixed, state_s, fresh, t0, R, (t - t0) + j, c, C);
+  out[int64_t(t) * C + c] = to_bf16(silu_f(acc));
+}
+
+// grid (n_seqs, ceil(C / blockDim)): the new state is the last R rows of the window. Rows are
+// written in ascending order and each reads a row at least as far along, so in-place is safe.
+__global__ void conv1d_state_kernel(const bf16* mixed, bf16* state, const int32_t* cu_seqlens, const int32_t* n_past,
+                                    const int32_t* slots, int C, int K) {
+  const int s = blockIdx.x;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0, R = K - 1;
+  if (c >= C || T == 0) return;
+  bf16* state_s = state + int64_t(slots[s]) * R * C;
+  const bool fresh = n_past[s] == 0;
+  for (int j = 0; j < R; ++j) state_s[int64_t(j) * C + c] = to_bf16(window_at(mixed, state_s, fresh, t0, R, T + j, c, C));
+}
+
+}  // namespace
+
+void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* out, const int32_t* seq_of_token,
+                        const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int T, int n_seqs,
+                        int C, int K, cudaStream_t s) {
+  if (T == 0) return;
+  const int threads = 128;
+  const int cblocks = (C + threads - 1) / threads;
+  conv1d_silu_kernel<<<dim3(T, cblocks), threads, 0, s>>>(mixed, w, state, out, seq_of_token, cu_seqlens, n_past,
+                                                           slots, C, K);
+  cuda_check_launch("conv1d_silu", s);
+  conv1d_state_kernel<<<dim3(n_seqs, cblocks), threads, 0, s>>>(mixed, state, cu_seqlens, n_past, slots, C, K);
+  cuda_check_launch("conv1d_state", s);
+}
+
+}  // namespace ds::cuda

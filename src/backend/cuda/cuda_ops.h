@@ -1,0 +1,71 @@
+// CudaOps: the GPU backend. bf16 activations and weights, fp32 accumulation, fp32 norm gains,
+// bf16 paged KV cache, GDN recurrent state stored as fp16 (default), bf16 or fp32. Owns all
+// device memory: weights, cache pools, a step scratch arena, and the current plan's arrays.
+// Host-only header: no CUDA types leak to callers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ops/ops.h"
+
+namespace ds {
+
+enum class StateDType { kF32, kF16, kBF16 };
+
+struct CudaOpsOptions {
+  int device = 0;
+  size_t scratch_bytes = size_t(256) << 20;  // per-step arena
+  StateDType state_dtype = StateDType::kF16;
+};
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(const CudaOpsOptions& options = {});
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  const char* name() const override { return "cuda"; }
+  DType act_dtype() const override { return DType::kBF16; }
+
+  Tensor upload(const void* host, DType host_dtype, std::initializer_list<int64_t> shape, DType want) override;
+  Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) override;
+  void fill_random(Tensor t, float mean, float half_range, uint64_t seed) override;
+  Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
+  void reset_scratch() override { scratch_used_ = 0; }
+  void download_f32(Tensor src, float* host) override;
+  void alloc_caches(const CacheGeometry& geometry) override;
+
+  void begin_step(const StepPlan& plan) override;
+  void embedding(Tensor table, Tensor out) override;
+  void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
+  void linear(Tensor x, Tensor w, Tensor out) override;
+  void add(Tensor x, Tensor y) override;
+  void silu_mul(Tensor gate, Tensor up, Tensor out) override;
+  void gather_rows(Tensor x, Tensor out) override;
+  void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;
+  void gdn_gates(Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, Tensor g, Tensor beta) override;
+  void gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& shape, int state_layer, Tensor out) override;
+  void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) override;
+  void split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) override;
+  void rope(Tensor x, int rotary_dim, double theta) override;
+  void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
+  void sigmoid_mul(Tensor x, Tensor gate) override;
+  void concat_cols(Tensor a, Tensor b, Tensor out) override;
+
+  size_t weight_bytes() const { return weight_bytes_; }
+  size_t cache_bytes() const { return cache_bytes_; }
+
+ private:
+  struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
+  std::unique_ptr<Impl> impl_;
+  CudaOpsOptions options_;
+  CacheGeometry geo_;
+  StepPlan plan_;                  // host copy of the current step
+  size_t scratch_used_ = 0;
+  size_t weight_bytes_ = 0, cache_bytes_ = 0;
+};
+
+}  // namespace ds

@@ -1,0 +1,208 @@
+// Elementwise and row kernels: embedding, norms, gating, gathers, RoPE, GDN gates.
+#include <algorithm>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launchers.h"
+#include "ops/random_fill.h"
+
+namespace ds::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+inline int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
+
+__global__ void embedding_kernel(const bf16* table, const int32_t* ids, bf16* out, int H) {
+  const int t = blockIdx.x;
+  const bf16* row = table + int64_t(ids[t]) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(t) * H + i] = row[i];
+}
+
+__global__ void rms_norm_kernel(const bf16* x, const float* w, bf16* out, int D, float eps) {
+  const int64_t r = blockIdx.x;
+  const bf16* xr = x + r * D;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float v = to_f32(xr[i]);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss) / D + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) out[r * D + i] = to_bf16(to_f32(xr[i]) * inv * w[i]);
+}
+
+__global__ void gated_rms_norm_kernel(const bf16* x, const bf16* z, const float* w, bf16* out, int D, float eps,
+                                      bool sigmoid_gate) {
+  const int64_t r = blockIdx.x;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float v = to_f32(x[r * D + i]);
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss) / D + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float zi = to_f32(z[r * D + i]);
+    const float gate = sigmoid_gate ? sigmoid_f(zi) : silu_f(zi);
+    out[r * D + i] = to_bf16(w[i] * (to_f32(x[r * D + i]) * inv) * gate);
+  }
+}
+
+__global__ void add_kernel(bf16* x, const bf16* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = to_bf16(to_f32(x[i]) + to_f32(y[i]));
+}
+
+__global__ void silu_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = to_bf16(silu_f(to_f32(gate[i])) * to_f32(up[i]));
+}
+
+__global__ void sigmoid_mul_kernel(bf16* x, const bf16* gate, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    x[i] = to_bf16(to_f32(x[i]) * sigmoid_f(to_f32(gate[i])));
+}
+
+__global__ void gather_rows_kernel(const bf16* x, const int32_t* rows, bf16* out, int H) {
+  const int r = blockIdx.x;
+  const bf16* src = x + int64_t(rows[r]) * H;
+  for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(r) * H + i] = src[i];
+}
+
+__global__ void concat_cols_kernel(const bf16* a, const bf16* b, bf16* out, int D1, int D2) {
+  const int64_t t = blockIdx.x;
+  const int D = D1 + D2;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = i < D1 ? a[t * D1 + i] : b[t * D2 + i - D1];
+}
+
+__global__ void split_query_gate_kernel(const bf16* p, bf16* q, bf16* gate, int n_heads, int hd) {
+  const int64_t t = blockIdx.x;
+  for (int i = threadIdx.x; i < n_heads * hd; i += blockDim.x) {
+    const int h = i / hd, d = i % hd;
+    const bf16* src = p + (t * n_heads + h) * 2 * hd;
+    q[t * n_heads * hd + i] = src[d];
+    gate[t * n_heads * hd + i] = src[hd + d];
+  }
+}
+
+// One block per token; threads over (head, frequency) pairs.
+__global__ void rope_kernel(bf16* x, const int32_t* positions, int n, int hd, int rotary_dim, float theta) {
+  const int64_t t = blockIdx.x;
+  const int half = rotary_dim / 2;
+  const float pos = static_cast<float>(positions[t]);
+  for (int w = threadIdx.x; w < n * half; w += blockDim.x) {
+    const int h = w / half, i = w % half;
+    const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+    float sn, cs;
+    sincosf(pos * inv_freq, &sn, &cs);
+    bf16* v = x + (t * n + h) * hd;
+    const float x1 = to_f32(v[i]), x2 = to_f32(v[i + half]);
+    v[i] = to_bf16(x1 * cs - x2 * sn);
+    v[i + half] = to_bf16(x2 * cs + x1 * sn);
+  }
+}
+
+__global__ void gdn_gates_kernel(const bf16* a, const bf16* b, const float* a_log, const float* dt_bias, float* g,
+                                 float* beta, int64_t n, int Hv) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int h = static_cast<int>(i % Hv);
+    const float x = to_f32(a[i]) + dt_bias[h];
+    const float softplus = x > 20.f ? x : log1pf(expf(x));
+    g[i] = -expf(a_log[h]) * softplus;
+    beta[i] = sigmoid_f(to_f32(b[i]));
+  }
+}
+
+template <class T>
+__global__ void fill_random_kernel(T* x, int64_t n, float mean, float half_range, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = random_uniform(seed, static_cast<uint64_t>(i), mean, half_range);
+    if constexpr (sizeof(T) == 4) x[i] = v;
+    else x[i] = to_bf16(v);
+  }
+}
+
+}  // namespace
+
+void launch_fill_random_f32(float* x, int64_t n, float mean, float half_range, uint64_t seed, cudaStream_t s) {
+  if (n == 0) return;
+  fill_random_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, mean, half_range, seed);
+  cuda_check_launch("fill_random", s);
+}
+
+void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, uint64_t seed, cudaStream_t s) {
+  if (n == 0) return;
+  fill_random_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, mean, half_range, seed);
+  cuda_check_launch("fill_random", s);
+}
+
+void launch_embedding(const bf16* table, const int32_t* ids, bf16* out, int T, int H, cudaStream_t s) {
+  if (T == 0) return;
+  embedding_kernel<<<T, kThreads, 0, s>>>(table, ids, out, H);
+  cuda_check_launch("embedding", s);
+}
+
+void launch_rms_norm(const bf16* x, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
+  if (R == 0) return;
+  rms_norm_kernel<<<R, D >= 512 ? 256 : 128, 0, s>>>(x, w, out, D, eps);
+  cuda_check_launch("rms_norm", s);
+}
+
+void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,
+                           bool sigmoid_gate, cudaStream_t s) {
+  if (R == 0) return;
+  gated_rms_norm_kernel<<<R, D >= 256 ? 128 : 64, 0, s>>>(x, z, w, out, D, eps, sigmoid_gate);
+  cuda_check_launch("gated_rms_norm", s);
+}
+
+void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  cuda_check_launch("add", s);
+}
+
+void launch_silu_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, out, n);
+  cuda_check_launch("silu_mul", s);
+}
+
+void launch_sigmoid_mul(bf16* x, const bf16* gate, int64_t n, cudaStream_t s) {
+  if (n == 0) return;
+  sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, gate, n);
+  cuda_check_launch("sigmoid_mul", s);
+}
+
+void launch_gather_rows(const bf16* x, const int32_t* rows, bf16* out, int n_rows, int H, cudaStream_t s) {
+  if (n_rows == 0) return;
+  gather_rows_kernel<<<n_rows, kThreads, 0, s>>>(x, rows, out, H);
+  cuda_check_launch("gather_rows", s);
+}
+
+void launch_concat_cols(const bf16* a, const bf16* b, bf16* out, int T, int D1, int D2, cudaStream_t s) {
+  if (T == 0) return;
+  concat_cols_kernel<<<T, kThreads, 0, s>>>(a, b, out, D1, D2);
+  cuda_check_launch("concat_cols", s);
+}
+
+void launch_split_query_gate(const bf16* p, bf16* q, bf16* gate, int T, int n_heads, int hd, cudaStream_t s) {
+  if (T == 0) return;
+  split_query_gate_kernel<<<T, kThreads, 0, s>>>(p, q, gate, n_heads, hd);
+  cuda_check_launch("split_query_gate", s);
+}
+
+void launch_rope(bf16* x, const int32_t* positions, int T, int n, int hd, int rotary_dim, float theta,
+                 cudaStream_t s) {
+  if (T == 0) return;
+  rope_kernel<<<T, 128, 0, s>>>(x, positions, n, hd, rotary_dim, theta);
+  cuda_check_launch("rope", s);
+}
+
+void launch_gdn_gates(const bf16* a, const bf16* b, const float* a_log, const float* dt_bias, float* g, float* beta,
+                      int T, int Hv, cudaStream_t s) {
+  const int64_t n = int64_t(T) * Hv;
+  if (n == 0) return;
+  gdn_gates_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, b, a_log, dt_bias, g, beta, n, Hv);
+  cuda_check_launch("gdn_gates", s);
+}
+
+}  // namespace ds::cuda

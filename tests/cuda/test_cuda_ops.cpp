@@ -1,0 +1,248 @@
+// Every CudaOps op against its CpuOps twin on awkward shapes (T = 1, 63, 500; widths that
+// are not powers of two; GQA; num_v_heads > num_k_heads; several sequences per step and a
+// second step continuing from the caches). Skipped where there is no GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device.h"
+
+namespace ds {
+namespace {
+
+// Relative RMS error; bf16 storage alone costs ~2e-3.
+double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+// Random values already rounded to bf16, so both backends see identical inputs.
+std::vector<float> random_bf16(size_t n, std::mt19937& rng, float scale = 1.f) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+  return v;
+}
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+    CudaOpsOptions o;
+    o.state_dtype = StateDType::kF32;
+    gpu = std::make_unique<CudaOps>(o);
+  }
+  // The same host data as a CPU tensor (F32) and a GPU tensor (BF16 unless want_f32).
+  std::pair<Tensor, Tensor> both(const std::vector<float>& h, std::initializer_list<int64_t> shape, bool want_f32 = false) {
+    return {cpu.upload(h.data(), DType::kF32, shape, DType::kF32),
+            gpu->upload(h.data(), DType::kF32, shape, want_f32 ? DType::kF32 : DType::kBF16)};
+  }
+  std::pair<Tensor, Tensor> outputs(std::initializer_list<int64_t> shape, bool f32 = false) {
+    return {cpu.scratch(DType::kF32, shape), gpu->scratch(f32 ? DType::kF32 : DType::kBF16, shape)};
+  }
+  void expect_close(const std::pair<Tensor, Tensor>& t, double tol, const std::string& what) {
+    std::vector<float> c(t.first.numel()), g(t.second.numel());
+    cpu.download_f32(t.first, c.data());
+    gpu->download_f32(t.second, g.data());
+    const double err = rel_rms(g, c);
+    RecordProperty(what, std::to_string(err));
+    EXPECT_LE(err, tol) << what;
+  }
+  void begin(const StepPlan& p) {
+    cpu.begin_step(p);
+    gpu->begin_step(p);
+  }
+
+  CpuOps cpu;
+  std::unique_ptr<CudaOps> gpu;
+  std::mt19937 rng{42};
+};
+
+// A plan of sequences with the given new-token counts, n_past and one block table each.
+StepPlan make_plan(const std::vector<int>& lens, const std::vector<int>& past, int block_size, int max_blocks) {
+  StepPlan p;
+  p.cu_seqlens = {0};
+  for (size_t s = 0; s < lens.size(); ++s) {
+    for (int i = 0; i < lens[s]; ++i) {
+      p.token_ids.push_back((i * 7 + 3) % 50);
+      p.positions.push_back(past[s] + i);
+      p.logit_rows.push_back(p.cu_seqlens.back() + i);
+    }
+    p.cu_seqlens.push_back(p.cu_seqlens.back() + lens[s]);
+    p.n_past.push_back(past[s]);
+    p.state_slots.push_back(static_cast<int>(s));
+    for (int b = 0; b < max_blocks; ++b) p.block_tables.push_back(static_cast<int>(s) * max_blocks + b);
+  }
+  p.max_blocks = max_blocks;
+  (void)block_size;
+  return p;
+}
+
+TEST_F(CudaOpsTest, NormsAndElementwise) {
+  for (auto [R, D] : std::vector<std::pair<int, int>>{{1, 64}, {63, 200}, {500, 96}}) {
+    auto x = both(random_bf16(R * D, rng), {R, D});
+    auto w = both(random_bf16(D, rng, 0.5f), {D}, true);
+    auto out = outputs({R, D});
+    cpu.rms_norm(x.first, w.first, 1e-6f, out.first);
+    gpu->rms_norm(x.second, w.second, 1e-6f, out.second);
+    expect_close(out, 1e-2, "rms_norm_" + std::to_string(R) + "x" + std::to_string(D));
+    for (bool sig : {false, true}) {
+      auto z = both(random_bf16(R * D, rng), {R, D});
+      auto o2 = outputs({R, D});
+      cpu.gated_rms_norm(x.first, z.first, w.first, 1e-6f, sig, o2.first);
+      gpu->gated_rms_norm(x.second, z.second, w.second, 1e-6f, sig, o2.second);
+      expect_close(o2, 1e-2, std::string("gated_rms_norm_") + (sig ? "sigmoid" : "silu"));
+    }
+    auto y = both(random_bf16(R * D, rng), {R, D});
+    auto prod = outputs({R, D});
+    cpu.silu_mul(x.first, y.first, prod.first);
+    gpu->silu_mul(x.second, y.second, prod.second);
+    expect_close(prod, 1e-2, "silu_mul");
+    cpu.sigmoid_mul(prod.first, y.first);
+    gpu->sigmoid_mul(prod.second, y.second);
+    expect_close(prod, 1e-2, "sigmoid_mul");
+    cpu.add(prod.first, x.first);
+    gpu->add(prod.second, x.second);
+    expect_close(prod, 1e-2, "add");
+    auto cat = outputs({R, 2 * D});
+    cpu.concat_cols(x.first, y.first, cat.first);
+    gpu->concat_cols(x.second, y.second, cat.second);
+    expect_close(cat, 1e-6, "concat_cols");
+  }
+}
+
+TEST_F(CudaOpsTest, LinearEmbeddingGather) {
+  for (int T : {1, 63, 500}) {
+    const int K = 96, N = 200, V = 50;
+    auto x = both(random_bf16(T * K, rng), {T, K});
+    auto w = both(random_bf16(N * K, rng, 0.1f), {N, K});
+    auto out = outputs({T, N});
+    cpu.linear(x.first, w.first, out.first);
+    gpu->linear(x.second, w.second, out.second);
+    expect_close(out, 1e-2, "linear_T" + std::to_string(T));
+    StepPlan p = make_plan({T}, {0}, 16, 1);
+    p.logit_rows = {T - 1, 0};
+    begin(p);
+    auto table = both(random_bf16(V * K, rng), {V, K});
+    auto emb = outputs({T, K});
+    cpu.embedding(table.first, emb.first);
+    gpu->embedding(table.second, emb.second);
+    expect_close(emb, 1e-6, "embedding");
+    auto rows = outputs({2, K});
+    cpu.gather_rows(emb.first, rows.first);
+    gpu->gather_rows(emb.second, rows.second);
+    expect_close(rows, 1e-6, "gather_rows");
+  }
+}
+
+TEST_F(CudaOpsTest, SplitQueryGateAndRope) {
+  const int T = 63, nH = 3, hd = 40;
+  StepPlan p = make_plan({20, 43}, {0, 1000}, 16, 4);
+  begin(p);
+  auto pg = both(random_bf16(T * nH * 2 * hd, rng), {T, nH * 2 * hd});
+  auto q = outputs({T, nH, hd});
+  auto gate = outputs({T, nH * hd});
+  cpu.split_query_gate(pg.first, nH, hd, q.first, gate.first);
+  gpu->split_query_gate(pg.second, nH, hd, q.second, gate.second);
+  expect_close(gate, 1e-6, "split_gate");
+  cpu.rope(q.first, 20, 10000.0);
+  gpu->rope(q.second, 20, 10000.0);
+  expect_close(q, 1e-2, "rope");
+}
+
+TEST_F(CudaOpsTest, Conv1dAcrossSteps) {
+  const int C = 100, K = 4;
+  CacheGeometry g;
+  g.n_state_layers = 1, g.n_slots = 3, g.conv_rows = K - 1, g.conv_dim = C, g.n_v_heads = 1, g.k_head_dim = 1,
+  g.v_head_dim = 1, g.n_kv_layers = 1, g.n_blocks = 1, g.n_kv_heads = 1, g.head_dim = 1;
+  cpu.alloc_caches(g);
+  gpu->alloc_caches(g);
+  auto w = both(random_bf16(C * K, rng, 0.5f), {C, K}, true);
+  std::vector<int> past = {0, 0, 0};
+  for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 5, 63}, {2, 1, 1}, {1, 7, 2}}) {
+    const int T = lens[0] + lens[1] + lens[2];
+    begin(make_plan(lens, past, 16, 1));
+    auto x = both(random_bf16(T * C, rng), {T, C});
+    auto out = outputs({T, C});
+    cpu.conv1d_silu(x.first, w.first, 0, out.first);
+    gpu->conv1d_silu(x.second, w.second, 0, out.second);
+    expect_close(out, 1e-2, "conv1d_step");
+    for (int s = 0; s < 3; ++s) past[s] += lens[s];
+  }
+}
+
+TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
+  const int Hk = 2, Hv = 6, dk = 16, dv = 24, C = 2 * Hk * dk + Hv * dv;
+  for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
+    CudaOpsOptions o;
+    o.state_dtype = sd;
+    gpu = std::make_unique<CudaOps>(o);
+    CacheGeometry g;
+    g.n_state_layers = 2, g.n_slots = 3, g.conv_rows = 3, g.conv_dim = C, g.n_v_heads = Hv, g.k_head_dim = dk,
+    g.v_head_dim = dv, g.n_kv_layers = 1, g.n_blocks = 1, g.n_kv_heads = 1, g.head_dim = 1;
+    cpu.alloc_caches(g);
+    gpu->alloc_caches(g);
+    auto a_log = both(random_bf16(Hv, rng, 0.5f), {Hv}, true);
+    auto dt_bias = both(random_bf16(Hv, rng, 0.5f), {Hv}, true);
+    std::vector<int> past = {0, 0, 0};
+    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 63, 130}, {1, 1, 9}}) {
+      const int T = lens[0] + lens[1] + lens[2];
+      begin(make_plan(lens, past, 16, 1));
+      auto a = both(random_bf16(T * Hv, rng), {T, Hv});
+      auto b = both(random_bf16(T * Hv, rng), {T, Hv});
+      auto gg = outputs({T, Hv}, true);
+      auto beta = outputs({T, Hv}, true);
+      cpu.gdn_gates(a.first, b.first, a_log.first, dt_bias.first, gg.first, beta.first);
+      gpu->gdn_gates(a.second, b.second, a_log.second, dt_bias.second, gg.second, beta.second);
+      expect_close(gg, 1e-5, "gdn_g");
+      expect_close(beta, 1e-5, "gdn_beta");
+      auto qkv = both(random_bf16(T * C, rng), {T, C});
+      auto out = outputs({T, Hv, dv});
+      GdnShape sh{Hk, Hv, dk, dv};
+      cpu.gated_delta_rule(qkv.first, gg.first, beta.first, sh, 1, out.first);
+      gpu->gated_delta_rule(qkv.second, gg.second, beta.second, sh, 1, out.second);
+      const double tol = sd == StateDType::kF32 ? 1e-2 : sd == StateDType::kF16 ? 1.5e-2 : 3e-2;
+      expect_close(out, tol, "gdn_rule_state" + std::to_string(static_cast<int>(sd)));
+      for (int s = 0; s < 3; ++s) past[s] += lens[s];
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, PagedAttentionGqa) {
+  for (int hd : {40, 256}) {
+    const int nH = 6, nKV = 2, bs = 16, max_blocks = 8;
+    CacheGeometry g;
+    g.n_kv_layers = 2, g.n_blocks = 3 * max_blocks, g.block_size = bs, g.n_kv_heads = nKV, g.head_dim = hd;
+    g.n_state_layers = 1, g.n_slots = 3, g.conv_rows = 1, g.conv_dim = 1, g.n_v_heads = 1, g.k_head_dim = 1,
+    g.v_head_dim = 1;
+    cpu.alloc_caches(g);
+    gpu->alloc_caches(g);
+    std::vector<int> past = {0, 0, 0};
+    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 63, 20}, {1, 1, 40}}) {
+      const int T = lens[0] + lens[1] + lens[2];
+      begin(make_plan(lens, past, bs, max_blocks));
+      auto q = both(random_bf16(T * nH * hd, rng), {T, nH, hd});
+      auto k = both(random_bf16(T * nKV * hd, rng), {T, nKV, hd});
+      auto v = both(random_bf16(T * nKV * hd, rng), {T, nKV, hd});
+      auto out = outputs({T, nH * hd});
+      const float scale = 1.0f / std::sqrt(float(hd));
+      cpu.attention(q.first, k.first, v.first, 1, scale, out.first);
+      gpu->attention(q.second, k.second, v.second, 1, scale, out.second);
+      expect_close(out, 1e-2, "attention_hd" + std::to_string(hd));
+      for (int s = 0; s < 3; ++s) past[s] += lens[s];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ds

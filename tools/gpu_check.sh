@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# GPU check, run on the device machine from the repository root: runs the CUDA op and model
+# tests from a build carried in .devbuild/ (made here by `tools/gpu_check.sh --pack`), keeps
+# full logs under $OUT, and prints a short table last.
+#   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
+#   there:  tools/gpu_check.sh                 (carry .devbuild)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--pack" ]; then
+  set -e
+  tools/build.sh
+  rm -rf .devbuild && mkdir -p .devbuild
+  cp build/tests/test_cuda_ops build/tests/test_cuda_model build/deltaserve .devbuild/
+  du -sh .devbuild
+  exit 0
+fi
+
+OUT="${OUT:-/tmp/gpu_check}"
+mkdir -p "$OUT"
+# cuBLAS 13 from the toolkit or from the pip wheels that PyTorch brings.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__))' 2>/dev/null); do
+  lib=$(find "$d" -name 'libcublas.so.13*' 2>/dev/null | head -1)
+  [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):${LD_LIBRARY_PATH:-}" && break
+done
+export DS_TEST_DATA_DIR="$PWD/tests/data"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+
+status=0
+for t in test_cuda_ops test_cuda_model; do
+  .devbuild/$t --gtest_output=json:"$OUT/$t.json" > "$OUT/$t.log" 2>&1 || status=1
+done
+
+echo "== figures =="
+grep -h "\[figure\]" "$OUT"/test_cuda_model.log | sed 's/^\[figure\] //'
+echo "== op errors (relative RMS vs the CPU twin) =="
+python3 - "$OUT" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+for name in ("test_cuda_ops", "test_cuda_model"):
+    p = os.path.join(out, name + ".json")
+    if not os.path.exists(p):
+        print(f"{name}: no result file"); continue
+    j = json.load(open(p))
+    for suite in j.get("testsuites", []):
+        for t in suite.get("testsuite", []):
+            props = {k: v for k, v in t.items() if k not in ("name", "file", "line", "status", "result", "timestamp", "time", "classname", "failures", "value_param", "type_param")}
+            ok = "FAIL" if t.get("failures") else "ok"
+            extra = " ".join(f"{k}={float(v):.2e}" for k, v in props.items() if v.replace('.','',1).replace('e-','',1).isdigit())
+            print(f"{ok:4} {suite['name']}.{t['name']} {extra}")
+    print(f"{name}: {j.get('tests')} tests, {j.get('failures')} failures")
+PY
+cat "$OUT/gpu.txt"
+exit $status
