@@ -9,4 +9,8 @@ namespace ds {
 void register_model_commands(CLI::App& app);
 // tokenize, detokenize, chat-template
 void register_tokenizer_commands(CLI::App& app);
+// serve
+void register_serve_commands(CLI::App& app);
+// bench serve
+void register_bench_commands(CLI::App& app);
 }  // namespace ds

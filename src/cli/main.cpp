@@ -9,6 +9,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   ds::register_model_commands(app);
   ds::register_tokenizer_commands(app);
+  ds::register_serve_commands(app);
+  ds::register_bench_commands(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

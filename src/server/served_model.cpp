@@ -1,0 +1,102 @@
+// ServedModel loading: pool sizing, EOS ids from every source, generation_config defaults.
+#include "server/served_model.h"
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/log.h"
+#include "engine/backend_factory.h"
+
+namespace ds::server {
+
+using json = nlohmann::json;
+
+ServedModel::~ServedModel() {
+  if (engine) engine->stop();
+}
+
+Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeOptions& o) {
+  namespace fs = std::filesystem;
+  if (!fs::is_directory(o.model_dir)) return not_found("model folder " + o.model_dir + " does not exist");
+  auto m = std::make_unique<ServedModel>();
+  m->name = o.served_model_name.empty() ? fs::path(o.model_dir).lexically_normal().filename().string() : o.served_model_name;
+  if (m->name.empty()) m->name = fs::path(o.model_dir).lexically_normal().parent_path().filename().string();
+  m->created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+
+  if (!fs::exists(o.model_dir + "/tokenizer.json"))
+    return not_found(o.model_dir + " has no tokenizer.json: the server needs the checkpoint's tokenizer");
+  DS_ASSIGN_OR_RETURN(m->tokenizer, tok::Tokenizer::load_dir(o.model_dir));
+  std::string tmpl = m->tokenizer->chat_template();
+  if (tmpl.empty() && fs::exists(o.model_dir + "/chat_template.jinja")) {
+    std::ifstream f(o.model_dir + "/chat_template.jinja");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    tmpl = ss.str();
+  }
+  if (!tmpl.empty()) {
+    auto t = tok::ChatTemplate::parse(tmpl);
+    if (!t.ok()) return Status(t.status().code(), o.model_dir + ": chat template: " + t.status().message());
+    m->chat_template = std::move(t.value());
+  } else {
+    DS_LOG_WARN("serve", "%s has no chat template: /v1/chat/completions will answer 400", o.model_dir.c_str());
+  }
+
+  DS_ASSIGN_OR_RETURN(m->ck, Checkpoint::open(o.model_dir));
+  DS_ASSIGN_OR_RETURN(m->ops, make_backend(o.device));
+  DS_ASSIGN_OR_RETURN(m->model, Qwen35Model::load(*m->ck, *m->ops));
+  const ModelConfig& cfg = m->model->config();
+
+  std::vector<int32_t> eos(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  if (m->tokenizer->eos_id()) eos.push_back(*m->tokenizer->eos_id());
+  std::ifstream gf(o.model_dir + "/generation_config.json");
+  if (gf) {
+    std::stringstream ss;
+    ss << gf.rdbuf();
+    json g = json::parse(ss.str(), nullptr, false);
+    if (g.is_discarded() || !g.is_object()) return invalid_argument(o.model_dir + "/generation_config.json: not a JSON object");
+    auto num = [&](const char* k) -> std::optional<float> {
+      return g.contains(k) && g[k].is_number() ? std::optional<float>(g[k].get<float>()) : std::nullopt;
+    };
+    m->defaults.temperature = num("temperature");
+    m->defaults.top_p = num("top_p");
+    m->defaults.min_p = num("min_p");
+    m->defaults.repetition_penalty = num("repetition_penalty");
+    if (g.contains("top_k") && g["top_k"].is_number_integer()) m->defaults.top_k = g["top_k"].get<int>();
+    if (g.contains("eos_token_id")) {
+      const json& e = g["eos_token_id"];
+      if (e.is_number_integer()) eos.push_back(e.get<int32_t>());
+      if (e.is_array())
+        for (const auto& x : e)
+          if (x.is_number_integer()) eos.push_back(x.get<int32_t>());
+    }
+  }
+  std::sort(eos.begin(), eos.end());
+  eos.erase(std::unique(eos.begin(), eos.end()), eos.end());
+
+  int max_len = o.max_model_len > 0 ? o.max_model_len : std::min(cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096, 4096);
+  RunnerOptions ro;
+  ro.block_size = o.block_size;
+  ro.n_slots = o.max_num_seqs;
+  const int blocks_per_ctx = (max_len + o.block_size - 1) / o.block_size;
+  ro.n_blocks = o.kv_blocks > 0 ? o.kv_blocks : std::max(blocks_per_ctx, o.max_num_seqs * blocks_per_ctx / 4);
+  if (ro.n_blocks < blocks_per_ctx)
+    return invalid_argument("--kv-blocks " + std::to_string(ro.n_blocks) + " cannot hold one context of " +
+                            std::to_string(max_len) + " tokens (" + std::to_string(blocks_per_ctx) + " blocks)");
+  m->runner = std::make_unique<Runner>(*m->model, *m->ops, ro);
+  EngineOptions eo;
+  eo.max_num_seqs = o.max_num_seqs;
+  eo.max_step_tokens = o.max_step_tokens;
+  eo.max_waiting = o.max_waiting;
+  eo.max_model_len = max_len;
+  eo.eos_ids = eos;
+  m->engine = std::make_unique<Engine>(*m->runner, eo);
+  m->engine->start();
+  DS_LOG_INFO("serve", "model '%s' on %s: context %d, %d KV blocks of %d tokens, %d state slots", m->name.c_str(),
+              m->ops->name(), max_len, ro.n_blocks, ro.block_size, ro.n_slots);
+  return m;
+}
+
+}  // namespace ds::server
