@@ -1,6 +1,7 @@
 // `logits` and `generate`: load a checkpoint folder, run the model on given token ids.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,8 +51,17 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+#ifndef DS_DEFAULT_MODEL_DIR
+#define DS_DEFAULT_MODEL_DIR "models/qwen3_5-demo"
+#endif
+
 void add_model_options(CLI::App* sub, ModelArgs& a) {
-  sub->add_option("--model", a.model_dir, "checkpoint folder (config.json + safetensors)")->required();
+  // Without --model: $DS_MODEL if set, else the bundled demo model (models/qwen3_5-demo).
+  const char* env = std::getenv("DS_MODEL");
+  a.model_dir = env != nullptr && *env != '\0' ? env : DS_DEFAULT_MODEL_DIR;
+  sub->add_option("--model", a.model_dir,
+                  "checkpoint folder (config.json + safetensors); default: $DS_MODEL, else the bundled demo model")
+      ->capture_default_str();
   sub->add_option("--ids", a.ids_text, "prompt token ids, comma-separated")->required();
   sub->add_option("--device", a.device, "cpu (fp32 reference), cuda, or auto")->capture_default_str();
   sub->add_option("--chunk", a.chunk, "prefill chunk size in tokens (0: the whole prompt in one step)");
