@@ -3,7 +3,10 @@
 // disconnect, and Prometheus metrics.
 #include "server/http_server.h"
 
+#include <dirent.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -188,6 +191,29 @@ void prom_histogram(std::ostringstream& o, const char* name, const char* help, c
   }
   cum += h.counts.back();
   o << name << "_bucket{le=\"+Inf\"} " << cum << "\n" << name << "_sum " << h.sum << "\n" << name << "_count " << h.count << "\n";
+}
+
+// Debian's compiled cpp-httplib listens with a backlog of 5, so a burst of simultaneous
+// connects overflows the accept queue and clients see resets. Linux lets listen() be called
+// again on a listening socket to raise the backlog; find ours by its port.
+void raise_listen_backlog(int port, int backlog) {
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return;
+  while (dirent* e = readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof(addr);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    int p = addr.ss_family == AF_INET    ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
+            : addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                         : -1;
+    if (p == port) ::listen(fd, backlog);
+  }
+  closedir(d);
 }
 
 }  // namespace
@@ -429,6 +455,7 @@ Status HttpServer::bind() {
       return io_error("cannot bind " + impl_->o.host + ":" + std::to_string(impl_->o.port) + " (in use, or not an address of this machine)");
     impl_->port = impl_->o.port;
   }
+  raise_listen_backlog(impl_->port, 1024);
   return Status();
 }
 
