@@ -56,16 +56,22 @@ class CudaModel : public ::testing::TestWithParam<std::string> {
   }
 };
 
+// The CUDA backend's error against transformers' fp32 logits may be at most 1.5x that of the
+// same-precision baseline: the CPU reference with every activation rounded to bf16 (random
+// tiny models amplify bf16 rounding to several percent, so no absolute bound is meaningful).
 TEST_P(CudaModel, LogitsWithinBf16OfTransformers) {
   Reference ref = load_reference(GetParam());
+  Engine baseline = make_engine(GetParam(), 4, 64, 16, /*bf16_activations=*/true);
+  const double base = rel_rms(prefill_logits(baseline, ref.prompt_ids, {static_cast<int>(ref.prompt_ids.size())}),
+                              ref.logits.data);
   for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
     GpuEngine e = make_gpu_engine(GetParam(), sd);
     const int n = static_cast<int>(ref.prompt_ids.size());
     std::vector<float> ours = gpu_prefill(e, ref.prompt_ids, n);
     const double rms = rel_rms(ours, ref.logits.data), mx = max_err_over_std(ours, ref.logits.data);
     std::cout << "[figure] " << GetParam() << " state " << static_cast<int>(sd) << " rel_rms " << rms
-              << " max_err_over_std " << mx << "\n";
-    EXPECT_LE(rms, sd == StateDType::kBF16 ? 6e-2 : 4e-2) << GetParam();
+              << " max_err_over_std " << mx << " cpu_bf16_baseline_rel_rms " << base << "\n";
+    EXPECT_LE(rms, 1.5 * base + 1e-3) << GetParam();
   }
 }
 

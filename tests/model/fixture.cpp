@@ -39,12 +39,12 @@ Reference load_reference(const std::string& name) {
   return r;
 }
 
-Engine make_engine(const std::string& name, int n_slots, int n_blocks, int block_size) {
+Engine make_engine(const std::string& name, int n_slots, int n_blocks, int block_size, bool bf16_activations) {
   Engine e;
   auto ck = Checkpoint::open(fixture_dir(name));
   EXPECT_TRUE(ck.ok()) << ck.status().message();
   e.ck = std::move(ck.value());
-  e.ops = std::make_unique<CpuOps>();
+  e.ops = std::make_unique<CpuOps>(bf16_activations);
   auto model = Qwen35Model::load(*e.ck, *e.ops);
   EXPECT_TRUE(model.ok()) << model.status().message();
   e.model = std::move(model.value());

@@ -31,7 +31,8 @@ struct Engine {
   std::unique_ptr<Qwen35Model> model;
   std::unique_ptr<Runner> runner;
 };
-Engine make_engine(const std::string& name, int n_slots = 4, int n_blocks = 64, int block_size = 16);
+Engine make_engine(const std::string& name, int n_slots = 4, int n_blocks = 64, int block_size = 16,
+                   bool bf16_activations = false);
 
 // max |a - b| / std(b): the parity metric of the Foundation issue.
 double max_err_over_std(const std::vector<float>& a, const std::vector<float>& b);

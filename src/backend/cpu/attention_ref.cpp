@@ -66,6 +66,7 @@ void CpuOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, 
       }
     }
   });
+  round_act(out);
 }
 
 }  // namespace ds

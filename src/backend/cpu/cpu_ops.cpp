@@ -24,6 +24,12 @@ void check_f32(const Tensor& t, const char* what) {
 }
 }  // namespace
 
+void CpuOps::round_act(Tensor t) const {
+  if (!bf16_act_) return;
+  float* p = t.f32();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+}
+
 Tensor CpuOps::alloc_owned(std::vector<std::unique_ptr<float[]>>& owner, DType dtype,
                            std::initializer_list<int64_t> shape) {
   Tensor t(nullptr, dtype, shape);
@@ -104,6 +110,7 @@ void CpuOps::rms_norm(Tensor x, Tensor w, float eps, Tensor out) {
       for (int64_t i = 0; i < D; ++i) op[r * D + i] = xr[i] * inv * wp[i];
     }
   });
+  round_act(out);
 }
 
 void CpuOps::linear(Tensor x, Tensor w, Tensor out) {
@@ -128,6 +135,7 @@ void CpuOps::linear(Tensor x, Tensor w, Tensor out) {
       }
     }
   });
+  round_act(out);
 }
 
 void CpuOps::add(Tensor x, Tensor y) {
@@ -135,6 +143,7 @@ void CpuOps::add(Tensor x, Tensor y) {
   float* xp = x.f32();
   const float* yp = y.f32();
   for (int64_t i = 0; i < x.numel(); ++i) xp[i] += yp[i];
+  round_act(x);
 }
 
 void CpuOps::silu_mul(Tensor gate, Tensor up, Tensor out) {
@@ -142,12 +151,14 @@ void CpuOps::silu_mul(Tensor gate, Tensor up, Tensor out) {
   const float* u = up.f32();
   float* o = out.f32();
   for (int64_t i = 0; i < out.numel(); ++i) o[i] = silu(g[i]) * u[i];
+  round_act(out);
 }
 
 void CpuOps::sigmoid_mul(Tensor x, Tensor gate) {
   float* xp = x.f32();
   const float* g = gate.f32();
   for (int64_t i = 0; i < x.numel(); ++i) xp[i] *= sigmoid(g[i]);
+  round_act(x);
 }
 
 void CpuOps::gather_rows(Tensor x, Tensor out) {
@@ -189,6 +200,7 @@ void CpuOps::conv1d_silu(Tensor mixed, Tensor w, int layer, Tensor out) {
     for (int64_t j = 0; j < R; ++j) std::memcpy(tail.data() + j * C, row(T + j), C * sizeof(float));
     std::memcpy(state, tail.data(), tail.size() * sizeof(float));
   }
+  round_act(out);
 }
 
 void CpuOps::gdn_gates(Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, Tensor g, Tensor beta) {
@@ -236,6 +248,7 @@ void CpuOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape&
       }
     });
   }
+  round_act(out);
 }
 
 void CpuOps::gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) {
@@ -251,6 +264,7 @@ void CpuOps::gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoi
       out.f32()[r * D + i] = w.f32()[i] * (xr[i] * inv) * gate;
     }
   }
+  round_act(out);
 }
 
 void CpuOps::split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) {
@@ -283,6 +297,7 @@ void CpuOps::rope(Tensor x, int rotary_dim, double theta) {
       }
     }
   }
+  round_act(x);
 }
 
 }  // namespace ds

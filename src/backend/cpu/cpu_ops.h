@@ -18,7 +18,9 @@ enum class GdnMode {
 
 class CpuOps final : public Ops {
  public:
-  CpuOps() = default;
+  // bf16_activations: round every activation an op writes to bf16, emulating a bf16 backend's
+  // storage with fp32 math (the same-precision baseline the CUDA backend is judged against).
+  explicit CpuOps(bool bf16_activations = false) : bf16_act_(bf16_activations) {}
   const char* name() const override { return "cpu"; }
   DType act_dtype() const override { return DType::kF32; }
   void set_gdn_mode(GdnMode mode) { gdn_mode_ = mode; }
@@ -49,10 +51,12 @@ class CpuOps final : public Ops {
   void concat_cols(Tensor a, Tensor b, Tensor out) override;
 
  private:
+  void round_act(Tensor t) const;  // bf16 rounding in bf16_activations mode
   Tensor alloc_owned(std::vector<std::unique_ptr<float[]>>& owner, DType dtype, std::initializer_list<int64_t> shape);
   float* conv_state(int layer, int slot);
   float* recurrent_state(int layer, int slot);
 
+  bool bf16_act_ = false;
   GdnMode gdn_mode_ = GdnMode::kAuto;
   std::vector<std::unique_ptr<float[]>> weights_;  // persistent uploads (fp32-aligned storage)
   std::vector<std::unique_ptr<float[]>> scratch_;
