@@ -12,6 +12,10 @@ if [ "${1:-}" = "--pack" ]; then
   tools/build.sh
   rm -rf .devbuild && mkdir -p .devbuild
   cp build/tests/test_cuda_ops build/tests/test_cuda_model build/deltaserve .devbuild/
+  # Shared libraries the device image may lack (everything but glibc, libstdc++ and CUDA's own).
+  mkdir -p .devbuild/lib
+  ldd build/deltaserve | awk '/=> \//{print $3}' | grep -vE 'libc\.so|libm\.so|libstdc|libgcc|libpthread|libdl|librt|cublas|cuda' \
+    | xargs -r -I{} cp -L {} .devbuild/lib/
   du -sh .devbuild
   exit 0
 fi
@@ -23,6 +27,7 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, 
   lib=$(find "$d" -name 'libcublas.so.13*' 2>/dev/null | head -1)
   [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):${LD_LIBRARY_PATH:-}" && break
 done
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH}:$PWD/.devbuild/lib"
 export DS_TEST_DATA_DIR="$PWD/tests/data"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 
@@ -30,6 +35,12 @@ status=0
 for t in test_cuda_ops test_cuda_model; do
   .devbuild/$t --gtest_output=json:"$OUT/$t.json" > "$OUT/$t.log" 2>&1 || status=1
 done
+
+# The 27B-shape model benchmark (random weights), beside the rooflines measured in the same run.
+if [ "${DS_SKIP_BENCH:-0}" != 1 ]; then
+  .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --json "$OUT/bench_model.jsonl" \
+    > "$OUT/bench_model.txt" 2> "$OUT/bench_model.log" || status=1
+fi
 
 echo "== figures =="
 grep -h "\[figure\]" "$OUT"/test_cuda_model.log | sed 's/^\[figure\] //'
@@ -50,5 +61,7 @@ for name in ("test_cuda_ops", "test_cuda_model"):
             print(f"{ok:4} {suite['name']}.{t['name']} {extra}")
     print(f"{name}: {j.get('tests')} tests, {j.get('failures')} failures")
 PY
+echo "== bench model (27B shape, bf16 weights, synthetic) =="
+cat "$OUT/bench_model.txt" 2>/dev/null; tail -3 "$OUT/bench_model.log" 2>/dev/null
 cat "$OUT/gpu.txt"
 exit $status

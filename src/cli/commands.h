@@ -13,4 +13,6 @@ void register_tokenizer_commands(CLI::App& app);
 void register_serve_commands(CLI::App& app);
 // bench serve
 void register_bench_commands(CLI::App& app);
+// bench model (added to the `bench` group)
+void register_bench_model_command(CLI::App& bench);
 }  // namespace ds

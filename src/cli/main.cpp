@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   ds::register_tokenizer_commands(app);
   ds::register_serve_commands(app);
   ds::register_bench_commands(app);
+  ds::register_bench_model_command(*app.get_subcommand("bench"));
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -117,14 +117,17 @@ Tensor Qwen35Model::mlp_block(const MlpWeights& m, Tensor h) {
   return out;
 }
 
-// Pre-norm residual block; x act [T, H] is updated in place and returned.
+// Pre-norm residual block; x act [T, H] is updated in place and returned. The layer's
+// intermediates are dead afterwards, so their scratch is reused by the next layer.
 Tensor Qwen35Model::decoder_layer(const LayerWeights& L, Tensor x) {
   const int64_t T = x.dim(0), H = cfg_.hidden_size;
+  const size_t mark = ops_.scratch_mark();
   Tensor h = act({T, H});
   ops_.rms_norm(x, L.input_norm, cfg_.rms_norm_eps, h);
   ops_.add(x, L.type == LayerType::kLinearAttention ? gdn_block(L, h) : attention_block(L, h));
   ops_.rms_norm(x, L.post_attn_norm, cfg_.rms_norm_eps, h);
   ops_.add(x, mlp_block(L.mlp, h));
+  ops_.scratch_release(mark);
   return x;
 }
 

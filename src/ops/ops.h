@@ -33,6 +33,12 @@ class Ops {
   // Step-lifetime memory, released by reset_scratch().
   virtual Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) = 0;
   virtual void reset_scratch() = 0;
+  // Scratch taken after scratch_mark() is returned by scratch_release(mark) (per-layer reuse;
+  // on a GPU the queued kernels still run before the memory is handed out again).
+  virtual size_t scratch_mark() const = 0;
+  virtual void scratch_release(size_t mark) = 0;
+  // Waits for all queued work (benchmarks time whole steps with a host clock).
+  virtual void synchronize() = 0;
   // Copies a float tensor to host fp32 (synchronises).
   virtual void download_f32(Tensor src, float* host) = 0;
   // Allocates the KV and GDN state pools once (contents start as zeros).

@@ -30,6 +30,9 @@ class CpuOps final : public Ops {
   void fill_random(Tensor t, float mean, float half_range, uint64_t seed) override;
   Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) override;
   void reset_scratch() override { scratch_.clear(); }
+  size_t scratch_mark() const override { return scratch_.size(); }
+  void scratch_release(size_t mark) override { scratch_.resize(mark); }
+  void synchronize() override {}
   void download_f32(Tensor src, float* host) override;
   void alloc_caches(const CacheGeometry& geometry) override;
 

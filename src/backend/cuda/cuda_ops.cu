@@ -118,6 +118,8 @@ Tensor CudaOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
   return t;
 }
 
+void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
 void CudaOps::download_f32(Tensor src, float* host) {
   const size_t n = static_cast<size_t>(src.numel());
   std::vector<uint8_t> raw(src.nbytes());

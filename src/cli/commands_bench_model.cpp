@@ -1,0 +1,106 @@
+// `bench model`: decode / verify / prefill step times of a checkpoint or of random weights of a
+// configuration's exact shapes (--synthetic), beside rooflines measured in the same run.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "engine/backend_factory.h"
+#include "engine/model_bench.h"
+#include "io/checkpoint.h"
+#ifdef DS_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/roofline.h"
+#endif
+
+namespace ds {
+
+namespace {
+
+struct BenchModelArgs {
+  std::string config, model_dir, json_out;
+  bool synthetic = false;
+  ModelBenchOptions o;
+};
+
+[[noreturn]] void fail(const std::string& m) {
+  std::fprintf(stderr, "error: %s\n", m.c_str());
+  throw CLI::RuntimeError(1);
+}
+
+void run(BenchModelArgs& a) {
+#ifndef DS_HAVE_CUDA
+  fail("bench model needs the CUDA backend; this build has none");
+#else
+  if (cuda_device_count() == 0) fail("bench model needs a CUDA GPU");
+  if (a.synthetic && !a.model_dir.empty()) fail("give either --synthetic or --model, not both");
+  if (!a.synthetic && a.model_dir.empty()) fail("give --config C --synthetic, or --model DIR");
+  const Roofline roof = measure_roofline();
+  a.o.copy_gbps = roof.copy_gbps;
+  a.o.bf16_tflops = roof.bf16_tflops;
+  DS_LOG_INFO("bench", "measured ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s", roof.copy_gbps, roof.bf16_tflops);
+
+  CudaOpsOptions co;
+  co.scratch_bytes = size_t(6) << 30;
+  CudaOps ops(co);
+  std::unique_ptr<Checkpoint> ck;
+  std::unique_ptr<Qwen35Model> model;
+  if (a.synthetic) {
+    if (a.config.empty()) fail("--synthetic needs --config FILE");
+    auto cfg = load_model_config(a.config);
+    if (!cfg.ok()) fail(cfg.status().message());
+    auto m = Qwen35Model::synthetic(cfg.value(), ops, /*with_mtp=*/false, 1);
+    if (!m.ok()) fail(m.status().message());
+    model = std::move(m.value());
+  } else {
+    auto c = Checkpoint::open(a.model_dir);
+    if (!c.ok()) fail(c.status().message());
+    ck = std::move(c.value());
+    auto m = Qwen35Model::load(*ck, ops);
+    if (!m.ok()) fail(m.status().message());
+    model = std::move(m.value());
+  }
+  ops.alloc_caches(model_bench_geometry(*model, a.o));
+  DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
+  std::vector<BenchRow> rows = run_model_bench(*model, ops, a.o);
+
+  std::printf("# ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s; weights bf16 %.2f GB\n", roof.copy_gbps,
+              roof.bf16_tflops, ops.weight_bytes() / 1e9);
+  std::printf("%-8s %6s %7s %8s %11s %12s %12s %9s\n", "kind", "batch", "tokens", "context", "ms", "tok/s",
+              "roofline_ms", "of_roof");
+  std::string json;
+  for (const BenchRow& r : rows) {
+    const double frac = r.roofline_ms > 0 ? r.roofline_ms / r.ms : 0;
+    std::printf("%-8s %6d %7d %8d %11.3f %12.1f %12.3f %8.1f%%\n", r.kind.c_str(), r.batch, r.tokens, r.context, r.ms,
+                r.tokens_per_s, r.roofline_ms, 100 * frac);
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "{\"kind\":\"%s\",\"batch\":%d,\"tokens\":%d,\"context\":%d,\"ms\":%.4f,\"tokens_per_s\":%.2f,"
+                  "\"roofline_ms\":%.4f,\"bound\":\"%s\"}\n",
+                  r.kind.c_str(), r.batch, r.tokens, r.context, r.ms, r.tokens_per_s, r.roofline_ms, r.bound.c_str());
+    json += line;
+  }
+  if (!a.json_out.empty()) std::ofstream(a.json_out) << json;
+#endif
+}
+
+}  // namespace
+
+void register_bench_model_command(CLI::App& bench) {
+  auto a = std::make_shared<BenchModelArgs>();
+  CLI::App* m = bench.add_subcommand("model", "decode/verify/prefill step times beside the measured roofline (GPU)");
+  m->add_option("--config", a->config, "config.json of the shape to benchmark (with --synthetic)");
+  m->add_flag("--synthetic", a->synthetic, "random weights of the config's shapes, drawn on the GPU");
+  m->add_option("--model", a->model_dir, "benchmark a checkpoint folder instead");
+  m->add_option("--batches", a->o.decode_batches, "decode batch sizes")->delimiter(',')->capture_default_str();
+  m->add_option("--contexts", a->o.decode_contexts, "decode context depths")->delimiter(',')->capture_default_str();
+  m->add_option("--verify", a->o.verify_tokens, "verify block sizes (batch 1)")->delimiter(',')->capture_default_str();
+  m->add_option("--prefill", a->o.prefill_lengths, "prefill lengths")->delimiter(',')->capture_default_str();
+  m->add_option("--reps", a->o.reps, "timed steps per decode/verify figure")->capture_default_str();
+  m->add_option("--json", a->json_out, "also write one JSON object per figure to this file");
+  m->callback([a] { run(*a); });
+}
+
+}  // namespace ds

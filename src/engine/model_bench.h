@@ -1,0 +1,46 @@
+// Model benchmark: decode, verify-block and prefill step times of a loaded (or synthetic) model
+// at chosen batch sizes and context depths, each beside its roofline (bytes over the measured
+// copy bandwidth, FLOPs over the measured bf16 matmul rate). Context is set up by planning
+// steps with n_past = depth over cache contents that are never computed: the kernels read the
+// same bytes either way, and it keeps a 16k x 64 sweep from costing minutes of prefill.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "model/qwen3_5.h"
+
+namespace ds {
+
+struct ModelBenchOptions {
+  std::vector<int> decode_batches = {1, 8, 32, 64};
+  std::vector<int> decode_contexts = {1024, 16384};
+  int max_decode_tokens = 160 * 1024;  // skip batch x context pairs beyond this many KV tokens
+  std::vector<int> verify_tokens = {1, 4, 8, 16};
+  int verify_context = 4096;
+  std::vector<int> prefill_lengths = {1024, 4096, 16384};
+  int prefill_chunk = 4096;
+  int reps = 10;
+  int state_bytes = 2;       // bytes per GDN state element (fp16 default)
+  double copy_gbps = 0;      // measured ceilings (0: not measured, no roofline)
+  double bf16_tflops = 0;
+};
+
+struct BenchRow {
+  std::string kind;     // decode, verify, prefill
+  int batch = 0, tokens = 0, context = 0;
+  double ms = 0;        // per step (decode, verify) or per whole prefill
+  double tokens_per_s = 0;
+  double roofline_ms = 0;
+  std::string bound;    // "bytes" or "flops": which ceiling the roofline came from
+};
+
+// Cache pools for the sweep in `o`: KV blocks of 16 tokens and state slots.
+CacheGeometry model_bench_geometry(const Qwen35Model& model, const ModelBenchOptions& o);
+// Runs the sweep; the caller has called ops.alloc_caches(model_bench_geometry(...)).
+std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelBenchOptions& o);
+// Bytes of weights one decode step streams (every linear and the lm_head; not the embedding).
+double decode_weight_bytes(const ModelConfig& c, int bytes_per_weight);
+
+}  // namespace ds
