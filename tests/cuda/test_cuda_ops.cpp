@@ -3,6 +3,7 @@
 // second step continuing from the caches). Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -182,8 +183,10 @@ TEST_F(CudaOpsTest, Conv1dAcrossSteps) {
 }
 
 TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
-  const int Hk = 2, Hv = 6, dk = 16, dv = 24, C = 2 * Hk * dk + Hv * dv;
+  // dv = 80 splits the state into column tiles of 32, 32 and 16; dk = 48 is not a power of two.
+  for (auto [Hk, Hv, dk, dv] : std::vector<std::array<int, 4>>{{2, 6, 16, 24}, {1, 3, 48, 80}})
   for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
+    const int C = 2 * Hk * dk + Hv * dv;
     CudaOpsOptions o;
     o.state_dtype = sd;
     gpu = std::make_unique<CudaOps>(o);
@@ -220,7 +223,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
 
 TEST_F(CudaOpsTest, PagedAttentionGqa) {
   for (int hd : {40, 256}) {
-    const int nH = 6, nKV = 2, bs = 16, max_blocks = 8;
+    const int nH = 6, nKV = 2, bs = 16, max_blocks = 40;
     CacheGeometry g;
     g.n_kv_layers = 2, g.n_blocks = 3 * max_blocks, g.block_size = bs, g.n_kv_heads = nKV, g.head_dim = hd;
     g.n_state_layers = 1, g.n_slots = 3, g.conv_rows = 1, g.conv_dim = 1, g.n_v_heads = 1, g.k_head_dim = 1,
@@ -228,7 +231,8 @@ TEST_F(CudaOpsTest, PagedAttentionGqa) {
     cpu.alloc_caches(g);
     gpu->alloc_caches(g);
     std::vector<int> past = {0, 0, 0};
-    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 63, 20}, {1, 1, 40}}) {
+    // 600- and 300-token prefills, then decode-sized steps: long contexts take the split-KV path.
+    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 63, 20}, {1, 1, 40}, {500, 230, 5}, {1, 1, 3}}) {
       const int T = lens[0] + lens[1] + lens[2];
       begin(make_plan(lens, past, bs, max_blocks));
       auto q = both(random_bf16(T * nH * hd, rng), {T, nH, hd});

@@ -1,6 +1,10 @@
 // Paged KV append and causal GQA attention over the paged cache: one warp per (token, query
-// head) with an online softmax; each lane owns head dims lane, lane+32, ... (head_dim <= 256).
-// Correct for any step shape; the split-KV decode and flash prefill kernels are future work.
+// head, key split) with an online softmax, each lane owning head dims lane, lane+32, ...
+// (head_dim <= 256); splits of a long context run in parallel and are merged by a combine
+// kernel (split-KV). Correct for any step shape; a tensor-core flash prefill kernel and GQA
+// packing (one key load for all heads of a group) are future work.
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
@@ -28,16 +32,21 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
   }
 }
 
-__global__ void attention_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,
+// One warp per (token, query head, key split). With n_splits == 1 it writes the normalised
+// output; otherwise the split's unnormalised accumulator and its (max, sum) go to `partial`
+// f32 [T, nH, n_splits, hd + 2] for attention_combine_kernel.
+__global__ void attention_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
                                  const int32_t* block_tables, int max_blocks, int T, int nH, int nKV, int hd,
-                                 int block_size, float scale) {
+                                 int block_size, float scale, int n_splits, int split_len) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  if (warp >= T * nH) return;
-  const int t = warp / nH, h = warp % nH, kvh = h / (nH / nKV);
+  if (warp >= T * nH * n_splits) return;
+  const int split = warp % n_splits, th = warp / n_splits;
+  const int t = th / nH, h = th % nH, kvh = h / (nH / nKV);
   const int s = seq_of_token[t];
   const int n_ctx = n_past[s] + (t - cu_seqlens[s]) + 1;  // causal: keys 0..own position
+  const int j0 = split * split_len, j1 = min(n_ctx, j0 + split_len);
   float qr[kMaxDimsPerLane], acc[kMaxDimsPerLane];
 #pragma unroll
   for (int e = 0; e < kMaxDimsPerLane; ++e) {
@@ -46,7 +55,7 @@ __global__ void attention_kernel(const bf16* q, const bf16* k_cache, const bf16*
     acc[e] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  for (int j = 0; j < n_ctx; ++j) {
+  for (int j = j0; j < j1; ++j) {
     const int64_t base = (cache_row(block_tables, max_blocks, s, j, block_size) * nKV + kvh) * hd;
     float part = 0.f;
 #pragma unroll
@@ -66,10 +75,46 @@ __global__ void attention_kernel(const bf16* q, const bf16* k_cache, const bf16*
     }
     m = m_new;
   }
+  if (n_splits == 1) {
+#pragma unroll
+    for (int e = 0; e < kMaxDimsPerLane; ++e) {
+      const int d = lane + 32 * e;
+      if (d < hd) out[(int64_t(t) * nH + h) * hd + d] = to_bf16(acc[e] / l);
+    }
+    return;
+  }
+  float* dst = partial + (int64_t(th) * n_splits + split) * (hd + 2);
 #pragma unroll
   for (int e = 0; e < kMaxDimsPerLane; ++e) {
     const int d = lane + 32 * e;
-    if (d < hd) out[(int64_t(t) * nH + h) * hd + d] = to_bf16(acc[e] / l);
+    if (d < hd) dst[d] = acc[e];
+  }
+  if (lane == 0) {
+    dst[hd] = m;  // -inf for an empty split (its l is 0)
+    dst[hd + 1] = l;
+  }
+}
+
+// One warp per (token, query head): merges the splits' partial softmax states.
+__global__ void attention_combine_kernel(const float* partial, bf16* out, int TH, int hd, int n_splits) {
+  const int th = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (th >= TH) return;
+  const float* src = partial + int64_t(th) * n_splits * (hd + 2);
+  float M = -INFINITY;
+  for (int sp = 0; sp < n_splits; ++sp) M = fmaxf(M, src[sp * (hd + 2) + hd]);
+  float L = 0.f;
+  for (int sp = 0; sp < n_splits; ++sp) {
+    const float ms = src[sp * (hd + 2) + hd];
+    if (ms != -INFINITY) L += src[sp * (hd + 2) + hd + 1] * expf(ms - M);
+  }
+  for (int d = lane; d < hd; d += 32) {
+    float acc = 0.f;
+    for (int sp = 0; sp < n_splits; ++sp) {
+      const float ms = src[sp * (hd + 2) + hd];
+      if (ms != -INFINITY) acc += src[sp * (hd + 2) + d] * expf(ms - M);
+    }
+    out[int64_t(th) * hd + d] = to_bf16(acc / L);
   }
 }
 
@@ -84,17 +129,36 @@ void launch_kv_append(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache
   cuda_check_launch("kv_append", s);
 }
 
-void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,
-                      const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
-                      const int32_t* block_tables, int max_blocks, int T, int nH, int nKV, int hd, int block_size,
-                      float scale, cudaStream_t s) {
+int attention_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes) {
+  constexpr int kSplitLen = 256;     // keys per warp: enough work to amortise a combine
+  constexpr int kTargetWarps = 16384;  // ~2 waves of resident warps on an H100/H200
+  int n = (max_ctx + kSplitLen - 1) / kSplitLen;
+  n = std::min(n, std::max(1, kTargetWarps / (T * nH)));  // split only to fill the GPU
+  const size_t per_split = size_t(T) * nH * (hd + 2) * sizeof(float);
+  if (n > 1 && size_t(n) * per_split > partial_budget_bytes) n = static_cast<int>(partial_budget_bytes / per_split);
+  return n < 1 ? 1 : n;
+}
+
+void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
+                      int n_splits, int max_ctx, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int nH, int nKV,
+                      int hd, int block_size, float scale, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(hd <= 32 * kMaxDimsPerLane, "attention supports head_dim <= %d, got %d", 32 * kMaxDimsPerLane, hd);
-  const int warps = T * nH, per_block = 4;
-  attention_kernel<<<(warps + per_block - 1) / per_block, 32 * per_block, 0, s>>>(
-      q, k_cache, v_cache, out, seq_of_token, cu_seqlens, n_past, block_tables, max_blocks, T, nH, nKV, hd,
-      block_size, scale);
+  DS_ASSERT(n_splits == 1 || partial != nullptr, "split attention needs partial buffers");
+  const int split_len = (max_ctx + n_splits - 1) / n_splits;
+  const int64_t warps = int64_t(T) * nH * n_splits;
+  const int per_block = 4;
+  attention_kernel<<<static_cast<int>((warps + per_block - 1) / per_block), 32 * per_block, 0, s>>>(
+      q, k_cache, v_cache, out, partial, seq_of_token, cu_seqlens, n_past, block_tables, max_blocks, T, nH, nKV, hd,
+      block_size, scale, n_splits, split_len);
   cuda_check_launch("attention", s);
+  if (n_splits > 1) {
+    const int TH = T * nH;
+    attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(partial, out, TH, hd,
+                                                                                        n_splits);
+    cuda_check_launch("attention_combine", s);
+  }
 }
 
 }  // namespace ds::cuda

@@ -267,9 +267,11 @@ void CudaOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape
             "GDN geometry");
   const size_t per_layer = size_t(geo_.n_slots) * sh.n_v_heads * sh.k_head_dim * sh.v_head_dim;
   void* state = static_cast<char*>(impl_->rec_states) + layer * per_layer * state_elem_size(options_.state_dtype);
+  int max_chunk = 0;
+  for (int s = 0; s < plan_.n_seqs(); ++s) max_chunk = std::max(max_chunk, plan_.cu_seqlens[s + 1] - plan_.cu_seqlens[s]);
   cuda::launch_gdn_recurrent(B(qkv), F(g), F(beta), state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
-                             sh.v_head_dim, impl_->stream);
+                             sh.v_head_dim, /*split_columns=*/max_chunk <= 16, impl_->stream);
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {
@@ -282,8 +284,15 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   bf16* vc = impl_->v_cache + kv_layer * layer_elems;
   cuda::launch_kv_append(B(k), B(v), kc, vc, impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
                          impl_->block_tables, plan_.max_blocks, T, nKV, hd, geo_.block_size, impl_->stream);
-  cuda::launch_attention(B(q), kc, vc, B(out), impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
-                         impl_->block_tables, plan_.max_blocks, T, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
+  int max_ctx = 1;
+  for (int s = 0; s < plan_.n_seqs(); ++s)
+    max_ctx = std::max(max_ctx, plan_.n_past[s] + plan_.cu_seqlens[s + 1] - plan_.cu_seqlens[s]);
+  const size_t budget = (options_.scratch_bytes - scratch_used_) / 4;  // leave room for the rest of the layer
+  const int n_splits = cuda::attention_splits(T, nH, hd, max_ctx, budget);
+  float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
+  cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, max_ctx, impl_->seq_of_token, impl_->cu_seqlens,
+                         impl_->n_past, impl_->block_tables, plan_.max_blocks, T, nH, nKV, hd, geo_.block_size, scale,
+                         impl_->stream);
 }
 
 }  // namespace ds

@@ -1,6 +1,9 @@
-// Gated delta rule, token by token: one block per (sequence, v-head) holds the head's state
-// S [dk, dv] in fp32 shared memory for the whole chunk; thread j owns column j. Used for every
-// chunk length for now (a chunked tensor-core prefill kernel is future work).
+// Gated delta rule, token by token: one block per (sequence, v-head, tile of state columns)
+// holds its tile S [dk, cols] in fp32 shared memory for the whole chunk; thread j owns column j
+// of the tile (the columns of S are independent given k, q, g and beta). Decode-sized chunks
+// use tiles of 32 columns to spread a step over more SMs; long chunks keep one tile per head,
+// since every tile repeats the per-token q/k normalisation. Used for every chunk length for
+// now (a chunked tensor-core prefill kernel is future work).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
@@ -23,20 +26,21 @@ __device__ __forceinline__ void store_state(void* p, int64_t i, float v, int dty
 
 __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
                                      bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
-                                     const int32_t* slots, int Hk, int Hv, int dk, int dv) {
+                                     const int32_t* slots, int Hk, int Hv, int dk, int dv, int cols_per_block) {
   extern __shared__ float smem[];
-  float* S = smem;             // [dk, dv]
-  float* qs = S + dk * dv;     // [dk] normalised, scaled query
-  float* ks = qs + dk;         // [dk] normalised key
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
+  const int col0 = blockIdx.z * cols_per_block, cols = min(cols_per_block, dv - col0);
+  float* S = smem;             // [dk, cols]: columns col0 .. col0 + cols of the head's state
+  float* qs = S + dk * cols;   // [dk] normalised, scaled query
+  float* ks = qs + dk;         // [dk] normalised key
   const int t0 = cu_seqlens[s], t1 = cu_seqlens[s + 1];
   if (t1 == t0) return;
   const int C = 2 * Hk * dk + Hv * dv;
   const int64_t state_off = (int64_t(slots[s]) * Hv + h) * dk * dv;
   const bool fresh = n_past[s] == 0;
-  const int j = threadIdx.x;
+  const int j = threadIdx.x;  // tile column; state column col0 + j
   for (int i = 0; i < dk; ++i)
-    if (j < dv) S[i * dv + j] = fresh ? 0.f : load_state(state, state_off + int64_t(i) * dv + j, state_dtype);
+    if (j < cols) S[i * cols + j] = fresh ? 0.f : load_state(state, state_off + int64_t(i) * dv + col0 + j, state_dtype);
   const float q_scale = rsqrtf(static_cast<float>(dk));
   for (int t = t0; t < t1; ++t) {
     const bf16* row = qkv + int64_t(t) * C;
@@ -52,43 +56,45 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
       ks[j] = kv * rsqrtf(kss + 1e-6f);
     }
     __syncthreads();
-    if (j < dv) {
+    if (j < cols) {
       const float alpha = expf(g[int64_t(t) * Hv + h]);
       const float b = beta[int64_t(t) * Hv + h];
-      const float v = to_f32(row[2 * Hk * dk + h * dv + j]);
+      const float v = to_f32(row[2 * Hk * dk + h * dv + col0 + j]);
       float m = 0.f;
       for (int i = 0; i < dk; ++i) {
-        const float x = S[i * dv + j] * alpha;  // decay first
-        S[i * dv + j] = x;
+        const float x = S[i * cols + j] * alpha;  // decay first
+        S[i * cols + j] = x;
         m += x * ks[i];
       }
       const float delta = b * (v - m);
       float o = 0.f;
       for (int i = 0; i < dk; ++i) {
-        const float x = S[i * dv + j] + ks[i] * delta;
-        S[i * dv + j] = x;
+        const float x = S[i * cols + j] + ks[i] * delta;
+        S[i * cols + j] = x;
         o += x * qs[i];  // read after the update
       }
-      out[(int64_t(t) * Hv + h) * dv + j] = to_bf16(o);
+      out[(int64_t(t) * Hv + h) * dv + col0 + j] = to_bf16(o);
     }
     __syncthreads();  // qs/ks are rewritten by the next token
   }
   for (int i = 0; i < dk; ++i)
-    if (j < dv) store_state(state, state_off + int64_t(i) * dv + j, S[i * dv + j], state_dtype);
+    if (j < cols) store_state(state, state_off + int64_t(i) * dv + col0 + j, S[i * cols + j], state_dtype);
 }
 
 }  // namespace
 
 void launch_gdn_recurrent(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
                           bf16* out, const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs,
-                          int Hk, int Hv, int dk, int dv, cudaStream_t s) {
+                          int Hk, int Hv, int dk, int dv, bool split_columns, cudaStream_t s) {
   if (n_seqs == 0) return;
-  const int width = dk > dv ? dk : dv;
-  const int threads = ((width + 31) / 32) * 32;
-  const size_t smem = (size_t(dk) * dv + 2 * dk) * sizeof(float);
+  const int cols = split_columns && dv > 32 ? 32 : dv;
+  const int width = dk > cols ? dk : cols;
+  const int threads = ((width + 31) / 32) * 32;  // dk threads load q and k; cols threads update S
+  const size_t smem = (size_t(dk) * cols + 2 * dk) * sizeof(float);
   CUDA_CHECK(cudaFuncSetAttribute(gdn_recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  gdn_recurrent_kernel<<<dim3(n_seqs, Hv), threads, smem, s>>>(qkv, g, beta, state, state_dtype, out, cu_seqlens,
-                                                                n_past, slots, Hk, Hv, dk, dv);
+  const dim3 grid(n_seqs, Hv, (dv + cols - 1) / cols);
+  gdn_recurrent_kernel<<<grid, threads, smem, s>>>(qkv, g, beta, state, state_dtype, out, cu_seqlens,
+                                                                n_past, slots, Hk, Hv, dk, dv, cols);
   cuda_check_launch("gdn_recurrent", s);
 }
 
