@@ -9,7 +9,7 @@ what Hugging Face transformers computes from those bf16-rounded weights in fp32 
 HF has no MTP module; the MTP reference is built from HF's own decoder layer and norms, wired as
 ../shared/reference/qwen3_5-architecture.md section 6 describes (vLLM's Qwen3_5MTP).
 
-Usage: python3 tools/make_reference.py --out tests/data
+Usage: python3 tools/make_reference.py --out tests/data [--only NAME ...]
 """
 import argparse
 import json
@@ -60,6 +60,23 @@ FIXTURES = [
                                        partial_rotary_factor=0.5)),
         prompt_len=70, seed=2),
     dict(
+        name="tiny_w4a16",
+        intent="compressed-tensors pack-quantized W4A16 (int4, group 128, bf16 scales, a third of "
+        "them negative) on every linear but lm_head, in_proj_a/b and mtp.*; wrapper layout, "
+        "hidden 128 and Hv*dv 384 so groups are whole, down_proj with two groups per row, dk 32 != "
+        "dv 64, MTP head in bf16",
+        wrapper=True, mtp=True, shards=False, layout="explicit", quant=True,
+        text=dict(vocab_size=320, hidden_size=128, intermediate_size=256,
+                  layer_types=["linear_attention", "linear_attention", "linear_attention",
+                               "full_attention"],
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  linear_num_key_heads=2, linear_num_value_heads=6,
+                  linear_key_head_dim=32, linear_value_head_dim=64, linear_conv_kernel_dim=4,
+                  rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                       partial_rotary_factor=0.25, mrope_section=[2, 1, 1],
+                                       mrope_interleaved=True)),
+        prompt_len=72, seed=4),
+    dict(
         name="tiny_wrapper_long",
         intent="wrapper layout, attention first (F,L,L,L,F,L), Hv/Hk=3 with 3 key heads, GQA 6:2, "
         "head_dim 32 (rotary 8 dims), 150-token prompt across three GDN chunks, MTP head",
@@ -75,6 +92,62 @@ FIXTURES = [
                                        mrope_interleaved=True)),
         prompt_len=150, seed=3),
 ]
+
+
+QUANT_TARGETS = ("in_proj_qkv", "in_proj_z", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj",
+                 "gate_proj", "up_proj", "down_proj")
+GROUP = 128
+
+
+def quantize_w4a16(model, d, gen):
+    """Quantizes the target linears of the fp32 `model` in place (weights become exactly the
+    dequantised values) and rewrites d/model.safetensors in compressed-tensors pack-quantized
+    form; adds quantization_config to d/config.json."""
+    packed = {}
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            if not isinstance(mod, torch.nn.Linear) or not name.endswith(QUANT_TARGETS):
+                continue
+            if "visual" in name or name.startswith("mtp") or name.endswith("lm_head"):
+                continue
+            W = mod.weight.float()
+            N, K = W.shape
+            assert K % GROUP == 0, name
+            Wg = W.reshape(N, K // GROUP, GROUP)
+            scale = (Wg.abs().amax(dim=-1) / 7.0).clamp_min(1e-4).to(torch.bfloat16).float()
+            flip = torch.rand(scale.shape, generator=gen) < 0.33  # signed scales occur in the wild
+            scale = torch.where(flip, -scale, scale)
+            q = torch.clamp(torch.round(Wg / scale[..., None]), -8, 7)
+            mod.weight.copy_((q * scale[..., None]).reshape(N, K))
+            nib = (q.reshape(N, K) + 8).to(torch.int64).numpy().astype(np.uint32).reshape(N, K // 8, 8)
+            words = np.zeros((N, K // 8), dtype=np.uint32)
+            for j in range(8):
+                words |= nib[:, :, j] << np.uint32(4 * j)
+            packed[name] = dict(weight_packed=torch.from_numpy(words.view(np.int32).copy()),
+                                weight_scale=scale.to(torch.bfloat16),
+                                weight_shape=torch.tensor([N, K], dtype=torch.int64))
+    p = os.path.join(d, "model.safetensors")
+    t = load_file(p)
+    for name, parts in packed.items():
+        del t[name + ".weight"]
+        for k, v in parts.items():
+            t[name + "." + k] = v
+    save_file(t, p, metadata={"format": "pt"})
+    cp = os.path.join(d, "config.json")
+    cj = json.load(open(cp))
+    cj["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "quantization_status": "compressed",
+        "config_groups": {"group_0": {
+            "targets": ["Linear"], "input_activations": None, "output_activations": None,
+            "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                        "group_size": GROUP, "actorder": None, "dynamic": False,
+                        "observer": "minmax"}}},
+        "ignore": ["lm_head", "re:.*visual.*", "re:.*linear_attn.in_proj_a$",
+                   "re:.*linear_attn.in_proj_b$", "re:^mtp.*"],
+        "kv_cache_scheme": None}
+    json.dump(cj, open(cp, "w"), indent=2, sort_keys=True)
+    return len(packed)
 
 
 def perturb(model, gen):
@@ -196,6 +269,9 @@ def build(fx, out_root):
     cls = Qwen3_5ForConditionalGeneration if fx["wrapper"] else Qwen3_5ForCausalLM
     model = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     tc = model.config.text_config if fx["wrapper"] else model.config
+    if fx.get("quant"):
+        n_quant = quantize_w4a16(model, d, gen)
+        print(f"{fx['name']}: {n_quant} linears quantized to W4A16")
     g2 = torch.Generator().manual_seed(100 + fx["seed"])
     ids = torch.randint(0, tc.vocab_size, (1, fx["prompt_len"]), generator=g2)
     with torch.no_grad():
@@ -242,10 +318,12 @@ def build(fx, out_root):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/data")
+    ap.add_argument("--only", nargs="*", help="fixture names to (re)build; default all")
     args = ap.parse_args()
     torch.set_num_threads(8)
     for fx in FIXTURES:
-        build(fx, args.out)
+        if not args.only or fx["name"] in args.only:
+            build(fx, args.out)
 
 
 if __name__ == "__main__":

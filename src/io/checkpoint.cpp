@@ -99,3 +99,68 @@ Result<std::vector<float>> Checkpoint::read_f32(const std::string& name, const s
 }
 
 }  // namespace ds
+
+namespace ds {
+
+Result<CheckpointTensor> Checkpoint::get_exact(const std::string& name, DType dtype,
+                                               const std::vector<int64_t>& shape) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return not_found("checkpoint " + dir_ + " has no tensor '" + name + "'");
+  const CheckpointTensor& t = it->second;
+  if (t.info->dtype != dtype)
+    return invalid_argument("tensor '" + t.info->name + "' in " + *t.file + ": expected dtype " + dtype_name(dtype) +
+                            ", found " + dtype_name(t.info->dtype));
+  if (t.info->shape != shape)
+    return invalid_argument("tensor '" + t.info->name + "' in " + *t.file + ": expected shape " + shape_to_string(shape) +
+                            ", found " + shape_to_string(t.info->shape));
+  return t;
+}
+
+Result<std::vector<float>> Checkpoint::read_linear_f32(const std::string& module, int64_t rows, int64_t cols) const {
+  if (!is_quantized(module)) return read_f32(module + ".weight", {rows, cols});
+  const QuantConfig& q = config_.quant;
+  if (!q.present)
+    return invalid_argument("tensor '" + module + ".weight_packed' found but config.json has no quantization_config");
+  const int per_word = 32 / q.bits;
+  const int64_t groups = (cols + q.group_size - 1) / q.group_size;
+  DS_ASSIGN_OR_RETURN(CheckpointTensor packed, get_exact(module + ".weight_packed", DType::kI32,
+                                                        {rows, (cols + per_word - 1) / per_word}));
+  DS_ASSIGN_OR_RETURN(std::vector<float> scale, read_f32(module + ".weight_scale", {rows, groups}));
+  if (has(module + ".weight_shape")) {  // the unpadded [rows, cols]
+    const CheckpointTensor& ws = tensors_.at(module + ".weight_shape");
+    std::vector<int64_t> shape;
+    if (ws.info->dtype == DType::kI64 && ws.info->numel() == 2)
+      for (int i = 0; i < 2; ++i) shape.push_back(static_cast<const int64_t*>(ws.data)[i]);
+    else if (ws.info->dtype == DType::kI32 && ws.info->numel() == 2)
+      for (int i = 0; i < 2; ++i) shape.push_back(static_cast<const int32_t*>(ws.data)[i]);
+    if (shape != std::vector<int64_t>{rows, cols})
+      return invalid_argument("tensor '" + ws.info->name + "' in " + *ws.file + ": expected [" + std::to_string(rows) +
+                              ", " + std::to_string(cols) + "] (an I64 or I32 pair)");
+  }
+  if (has(module + ".weight_zero_point"))
+    return unsupported("tensor '" + module + ".weight_zero_point': asymmetric weights are not supported yet");
+  std::vector<int32_t> g_idx;  // actorder "group": input column -> group
+  if (has(module + ".weight_g_idx")) {
+    DS_ASSIGN_OR_RETURN(CheckpointTensor gi, get_exact(module + ".weight_g_idx", DType::kI32, {cols}));
+    const int32_t* p = static_cast<const int32_t*>(gi.data);
+    if (std::any_of(p, p + cols, [](int32_t v) { return v >= 0; })) g_idx.assign(p, p + cols);
+    for (int32_t v : g_idx)
+      if (v < 0 || v >= groups)
+        return invalid_argument("tensor '" + module + ".weight_g_idx': group index " + std::to_string(v) +
+                                " outside [0, " + std::to_string(groups) + ")");
+  }
+  const uint32_t* words = static_cast<const uint32_t*>(packed.data);
+  const int64_t words_per_row = packed.info->shape[1];
+  const uint32_t mask = (1u << q.bits) - 1, offset = 1u << (q.bits - 1);
+  std::vector<float> w(static_cast<size_t>(rows * cols));
+  for (int64_t o = 0; o < rows; ++o)
+    for (int64_t i = 0; i < cols; ++i) {
+      const uint32_t word = words[o * words_per_row + i / per_word];
+      const int value = static_cast<int>((word >> (q.bits * (i % per_word))) & mask) - static_cast<int>(offset);
+      const int64_t grp = g_idx.empty() ? i / q.group_size : g_idx[i];
+      w[o * cols + i] = static_cast<float>(value) * scale[o * groups + grp];  // exact in fp32
+    }
+  return w;
+}
+
+}  // namespace ds

@@ -35,10 +35,18 @@ class Checkpoint {
   // The same, converted to fp32.
   Result<std::vector<float>> read_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
+  // The weight of linear `module` (e.g. "model.layers.0.mlp.up_proj") as fp32 [rows, cols]:
+  // `module.weight`, or the dequantised compressed-tensors `module.weight_packed` +
+  // `weight_scale` (+ `weight_shape`, `weight_g_idx`) when the checkpoint has them.
+  Result<std::vector<float>> read_linear_f32(const std::string& module, int64_t rows, int64_t cols) const;
+  bool is_quantized(const std::string& module) const { return has(module + ".weight_packed"); }
+
   static std::string canonical_name(const std::string& published);  // "" for ignored tensors
 
  private:
   Status add_file(const std::string& path);
+  // The tensor `name` with exact dtype and shape (for integer tensors).
+  Result<CheckpointTensor> get_exact(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const;
 
   std::string dir_;
   ModelConfig config_;

@@ -50,6 +50,47 @@ class Reader {
   std::string path_;
 };
 
+// quantization_config: compressed-tensors pack-quantized, symmetric int4/int8 weight groups.
+// Anything else is refused by name rather than loaded wrongly.
+Status parse_quant_config(const json& root, const std::string& path, QuantConfig* q) try {
+  auto it = root.find("quantization_config");
+  if (it == root.end() || it->is_null()) return Status();
+  const json& qc = *it;
+  auto where = [&](const std::string& m) { return unsupported(path + ": quantization_config " + m); };
+  if (!qc.is_object()) return invalid_argument(path + ": quantization_config is not an object");
+  const std::string method = qc.value("quant_method", "");
+  const std::string format = qc.value("format", "");
+  if (method != "compressed-tensors") return where("quant_method \"" + method + "\" is not supported (compressed-tensors only)");
+  if (format != "pack-quantized") return where("format \"" + format + "\" is not supported (pack-quantized only)");
+  auto groups = qc.find("config_groups");
+  if (groups == qc.end() || !groups->is_object() || groups->empty()) return where("has no config_groups");
+  bool first = true;
+  for (auto g = groups->begin(); g != groups->end(); ++g) {
+    const json& w = (*g).value("weights", json::object());
+    if (!w.is_object()) return where("group '" + g.key() + "' has no weights scheme");
+    if ((*g).contains("input_activations") && !(*g)["input_activations"].is_null())
+      return where("group '" + g.key() + "' quantizes activations (only weight-only schemes are supported)");
+    const int bits = w.value("num_bits", 0);
+    const std::string type = w.value("type", "int"), strategy = w.value("strategy", "");
+    const int group_size = w.value("group_size", 0);
+    const bool symmetric = w.value("symmetric", true);
+    if (type != "int" || (bits != 4 && bits != 8)) return where("group '" + g.key() + "': only int4/int8 weights");
+    if (strategy != "group" || group_size <= 0 || group_size % 8 != 0)
+      return where("group '" + g.key() + "': only the \"group\" strategy with a group_size multiple of 8");
+    if (!symmetric) return where("group '" + g.key() + "': asymmetric (zero-point) weights are not supported yet");
+    if (!first && (bits != q->bits || group_size != q->group_size))
+      return where("mixes schemes across config_groups (not supported)");
+    q->bits = bits;
+    q->group_size = group_size;
+    q->symmetric = symmetric;
+    first = false;
+  }
+  q->present = true;
+  return Status();
+} catch (const json::exception& e) {  // a field of the wrong JSON type
+  return invalid_argument(path + ": quantization_config: " + e.what());
+}
+
 }  // namespace
 
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& path) {
@@ -187,6 +228,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
       break;
     }
   }
+  DS_RETURN_IF_ERROR(parse_quant_config(root, path, &c.quant));
   return c;
 }
 

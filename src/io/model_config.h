@@ -12,6 +12,15 @@ namespace ds {
 
 enum class LayerType { kLinearAttention, kFullAttention };
 
+// compressed-tensors "pack-quantized" weights (architecture reference §8): int4 (or int8) values
+// packed into int32 along the input dim, one signed scale per (row, group of input columns).
+struct QuantConfig {
+  bool present = false;
+  int bits = 4;
+  int group_size = 128;
+  bool symmetric = true;
+};
+
 struct ModelConfig {
   std::string model_type;    // "qwen3_5" (wrapper) or "qwen3_5_text"
   bool wrapper = false;      // fields came from "text_config"
@@ -45,6 +54,7 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;
   int bos_token_id = -1;
   std::string dtype;                  // "bfloat16", ...
+  QuantConfig quant;                  // from quantization_config (top level of config.json)
 
   int n_full_attention_layers() const;
   int n_linear_attention_layers() const;

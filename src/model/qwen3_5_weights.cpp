@@ -2,6 +2,7 @@
 // from a checkpoint (zero-centred norms turned into plain gains, 1 + w in fp32) or drawn at
 // random on the backend for synthetic benchmarks.
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "model/qwen3_5.h"
@@ -28,6 +29,11 @@ class CheckpointSource final : public WeightSource {
  public:
   CheckpointSource(const Checkpoint& ck, Ops& ops) : ck_(ck), ops_(ops) {}
   Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) override {
+    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
+    if (ck_.is_quantized(module)) {  // dequantised at load (exact in fp32; rounded once for a bf16 backend)
+      DS_ASSIGN_OR_RETURN(std::vector<float> w, ck_.read_linear_f32(module, rows, cols));
+      return ops_.upload(w.data(), DType::kF32, {rows, cols}, ops_.act_dtype());
+    }
     DS_ASSIGN_OR_RETURN(CheckpointTensor t, ck_.get_float(name, {rows, cols}));
     return ops_.upload(t.data, t.info->dtype, {rows, cols}, ops_.act_dtype());
   }

@@ -17,7 +17,8 @@ std::string fixture_dir(const std::string& name) {
 }
 
 const std::vector<std::string>& fixture_names() {
-  static const std::vector<std::string> names = {"tiny_wrapper_mtp", "tiny_causal_sharded", "tiny_wrapper_long"};
+  static const std::vector<std::string> names = {"tiny_wrapper_mtp", "tiny_causal_sharded", "tiny_wrapper_long",
+                                                 "tiny_w4a16"};
   return names;
 }
 

@@ -243,6 +243,56 @@ TEST(Checkpoint, BadConfigs) {
   fs::remove_all(d);
 }
 
+TEST(Checkpoint, BadQuantizedWeights) {
+  const std::string packed = "model.language_model.layers.0.mlp.up_proj.weight_packed";
+  fs::path d = test::copy_fixture("tiny_w4a16", "quant");
+  const std::string weights = test::read_file(d / "model.safetensors");
+  const std::string config = test::read_file(d / "config.json");
+  auto reset = [&] {
+    test::write_file(d / "model.safetensors", weights);
+    test::write_file(d / "config.json", config);
+  };
+  rewrite_weights(d, [&](auto& e) {
+    for (auto& x : e)
+      if (x.name == packed) x.dtype = "F32";
+  });
+  std::string err = load_error(d);
+  EXPECT_NE(err.find("'" + packed + "'"), std::string::npos) << err;
+  EXPECT_NE(err.find("expected dtype I32, found F32"), std::string::npos) << err;
+  reset();
+  rewrite_weights(d, [&](auto& e) {
+    for (auto& x : e)
+      if (x.name == "model.language_model.layers.0.mlp.up_proj.weight_shape") x.bytes[0] ^= 1;
+  });
+  err = load_error(d);
+  EXPECT_NE(err.find("up_proj.weight_shape"), std::string::npos) << err;
+  reset();
+  rewrite_weights(d, [&](auto& e) {
+    e.push_back({"model.language_model.layers.0.mlp.up_proj.weight_zero_point", "I32", {1}, std::vector<uint8_t>(4)});
+  });
+  err = load_error(d);
+  EXPECT_NE(err.find("asymmetric weights are not supported"), std::string::npos) << err;
+  reset();
+  edit_config(d, [](auto& j) { j.erase("quantization_config"); });
+  err = load_error(d);
+  EXPECT_NE(err.find("config.json has no quantization_config"), std::string::npos) << err;
+  reset();
+  edit_config(d, [](auto& j) { j["quantization_config"]["format"] = "marlin-24"; });
+  err = load_error(d);
+  EXPECT_NE(err.find("format \"marlin-24\" is not supported"), std::string::npos) << err;
+  reset();
+  edit_config(d, [](auto& j) { j["quantization_config"]["config_groups"]["group_0"]["weights"]["symmetric"] = false; });
+  err = load_error(d);
+  EXPECT_NE(err.find("asymmetric"), std::string::npos) << err;
+  reset();
+  edit_config(d, [](auto& j) { j["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = "4"; });
+  err = load_error(d);
+  EXPECT_NE(err.find("quantization_config"), std::string::npos) << err;
+  reset();
+  EXPECT_EQ(load_error(d), "");
+  fs::remove_all(d);
+}
+
 TEST(ModelConfig, DefaultIntervalBuildsThreeToOne) {
   auto c = parse_model_config(
       R"({"model_type":"qwen3_5_text","vocab_size":10,"hidden_size":8,"intermediate_size":8,
