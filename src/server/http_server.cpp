@@ -93,7 +93,7 @@ bool pump(Session& s, Pumped& out, std::chrono::milliseconds timeout) {
     s.finished = true;
     raw += s.text.finish();
     switch (d.finish) {
-      case FinishReason::kStop: s.finish_reason = s.text.stopped() ? "stop" : "stop"; break;
+      case FinishReason::kStop: s.finish_reason = "stop"; break;
       case FinishReason::kLength: s.finish_reason = "length"; break;
       case FinishReason::kTimeout:
         s.error = ApiError{504, "the request took longer than the server's request timeout", "timeout_error", "", "timeout"};

@@ -33,3 +33,13 @@ export MODEL=model
 cp "$here/openai_e2e.test.mjs" "$work/"  # ES modules resolve `openai` from the file's folder
 cd "$work"
 node --test --test-concurrency=1 openai_e2e.test.mjs
+# bench serve smoke against the same server: every request completes, percentiles present
+report=$("$bin" bench serve --url "$BASE_URL" --model model --concurrency 1,4 --num-prompts 4 --input-len 8 --output-len 4 --seed 3 --prompt-vocab 300)
+node -e '
+const r = JSON.parse(process.argv[1]);
+for (const x of r.results) {
+  if (x.completed !== 4 || x.total_output_tokens !== 16 || !(x.ttft.p99_ms > 0) || !(x.output_throughput > 0)) {
+    console.error("bench serve smoke failed:", JSON.stringify(x)); process.exit(1);
+  }
+}
+console.log("ok - bench serve smoke (C1, C4)");' "$report"
