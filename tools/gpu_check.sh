@@ -40,6 +40,8 @@ done
 if [ "${DS_SKIP_BENCH:-0}" != 1 ]; then
   .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --json "$OUT/bench_model.jsonl" \
     > "$OUT/bench_model.txt" 2> "$OUT/bench_model.log" || status=1
+  .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --w4a16 --prefill 1024,4096 \
+    --json "$OUT/bench_model_w4a16.jsonl" > "$OUT/bench_model_w4a16.txt" 2> "$OUT/bench_model_w4a16.log" || status=1
 fi
 
 echo "== figures =="
@@ -63,5 +65,7 @@ for name in ("test_cuda_ops", "test_cuda_model"):
 PY
 echo "== bench model (27B shape, bf16 weights, synthetic) =="
 cat "$OUT/bench_model.txt" 2>/dev/null; tail -3 "$OUT/bench_model.log" 2>/dev/null
+echo "== bench model (27B shape, W4A16 linears, synthetic) =="
+cat "$OUT/bench_model_w4a16.txt" 2>/dev/null; tail -3 "$OUT/bench_model_w4a16.log" 2>/dev/null
 cat "$OUT/gpu.txt"
 exit $status

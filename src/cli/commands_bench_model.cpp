@@ -22,6 +22,7 @@ namespace {
 struct BenchModelArgs {
   std::string config, model_dir, json_out;
   bool synthetic = false;
+  bool w4a16 = false;
   ModelBenchOptions o;
 };
 
@@ -51,7 +52,7 @@ void run(BenchModelArgs& a) {
     if (a.config.empty()) fail("--synthetic needs --config FILE");
     auto cfg = load_model_config(a.config);
     if (!cfg.ok()) fail(cfg.status().message());
-    auto m = Qwen35Model::synthetic(cfg.value(), ops, /*with_mtp=*/false, 1);
+    auto m = Qwen35Model::synthetic(cfg.value(), ops, /*with_mtp=*/false, a.w4a16, 1);
     if (!m.ok()) fail(m.status().message());
     model = std::move(m.value());
   } else {
@@ -62,12 +63,17 @@ void run(BenchModelArgs& a) {
     if (!m.ok()) fail(m.status().message());
     model = std::move(m.value());
   }
+  // Bytes a decode step streams: every weight but the embedding table (only B rows are read).
+  const ModelConfig& mc = model->config();
+  a.o.weight_bytes = double(ops.weight_bytes()) - 2.0 * mc.vocab_size * mc.hidden_size;
   ops.alloc_caches(model_bench_geometry(*model, a.o));
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
   std::vector<BenchRow> rows = run_model_bench(*model, ops, a.o);
 
-  std::printf("# ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s; weights bf16 %.2f GB\n", roof.copy_gbps,
-              roof.bf16_tflops, ops.weight_bytes() / 1e9);
+  std::printf("# ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s; weights %s, %.2f GB on the GPU, %.2f GB read per "
+              "decode step\n",
+              roof.copy_gbps, roof.bf16_tflops, a.w4a16 ? "W4A16 (g128) + bf16 lm_head" : "bf16",
+              ops.weight_bytes() / 1e9, a.o.weight_bytes / 1e9);
   std::printf("%-8s %6s %7s %8s %11s %12s %12s %9s\n", "kind", "batch", "tokens", "context", "ms", "tok/s",
               "roofline_ms", "of_roof");
   std::string json;
@@ -94,6 +100,7 @@ void register_bench_model_command(CLI::App& bench) {
   m->add_option("--config", a->config, "config.json of the shape to benchmark (with --synthetic)");
   m->add_flag("--synthetic", a->synthetic, "random weights of the config's shapes, drawn on the GPU");
   m->add_option("--model", a->model_dir, "benchmark a checkpoint folder instead");
+  m->add_flag("--w4a16", a->w4a16, "synthetic linears as W4A16 group 128 (lm_head, in_proj_a/b stay bf16)");
   m->add_option("--batches", a->o.decode_batches, "decode batch sizes")->delimiter(',')->capture_default_str();
   m->add_option("--contexts", a->o.decode_contexts, "decode context depths")->delimiter(',')->capture_default_str();
   m->add_option("--verify", a->o.verify_tokens, "verify block sizes (batch 1)")->delimiter(',')->capture_default_str();

@@ -49,4 +49,15 @@ void fatal_at(const char* file, int line, const char* func, const char* fmt, ...
   std::fflush(stderr);
   std::abort();
 }
+void fatal_assert(const char* file, int line, const char* func, const char* cond, const char* fmt, ...) {
+  std::fprintf(stderr, "FATAL %s %s:%d: assertion `%s` failed: ", func, file, line, cond);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  std::fputc('\n', stderr);
+  std::fflush(stderr);
+  std::abort();
+}
+
 }  // namespace ds

@@ -71,7 +71,7 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
   const ModelConfig& c = model.config();
   std::mt19937 rng(1234);
   std::vector<BenchRow> rows;
-  const double w_bytes = decode_weight_bytes(c, 2);
+  const double w_bytes = o.weight_bytes > 0 ? o.weight_bytes : decode_weight_bytes(c, 2);
   const double kv_bytes_per_token = 2.0 * c.n_full_attention_layers() * c.num_key_value_heads * c.head_dim * 2;
   const double state_bytes_per_seq = 2.0 * c.n_linear_attention_layers() * c.linear_num_value_heads *
                                      c.linear_key_head_dim * c.linear_value_head_dim * o.state_bytes;

@@ -23,6 +23,7 @@ struct ModelBenchOptions {
   int prefill_chunk = 4096;
   int reps = 10;
   int state_bytes = 2;       // bytes per GDN state element (fp16 default)
+  double weight_bytes = 0;   // weight bytes one decode step reads (0: bf16 linears + lm_head)
   double copy_gbps = 0;      // measured ceilings (0: not measured, no roofline)
   double bf16_tflops = 0;
 };

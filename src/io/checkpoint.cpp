@@ -116,16 +116,20 @@ Result<CheckpointTensor> Checkpoint::get_exact(const std::string& name, DType dt
   return t;
 }
 
-Result<std::vector<float>> Checkpoint::read_linear_f32(const std::string& module, int64_t rows, int64_t cols) const {
-  if (!is_quantized(module)) return read_f32(module + ".weight", {rows, cols});
+Result<PackedLinear> Checkpoint::read_packed(const std::string& module, int64_t rows, int64_t cols) const {
   const QuantConfig& q = config_.quant;
   if (!q.present)
     return invalid_argument("tensor '" + module + ".weight_packed' found but config.json has no quantization_config");
+  PackedLinear p;
+  p.bits = q.bits;
+  p.group_size = q.group_size;
+  p.rows = rows;
+  p.cols = cols;
   const int per_word = 32 / q.bits;
+  p.words_per_row = (cols + per_word - 1) / per_word;
   const int64_t groups = (cols + q.group_size - 1) / q.group_size;
-  DS_ASSIGN_OR_RETURN(CheckpointTensor packed, get_exact(module + ".weight_packed", DType::kI32,
-                                                        {rows, (cols + per_word - 1) / per_word}));
-  DS_ASSIGN_OR_RETURN(std::vector<float> scale, read_f32(module + ".weight_scale", {rows, groups}));
+  DS_ASSIGN_OR_RETURN(CheckpointTensor packed, get_exact(module + ".weight_packed", DType::kI32, {rows, p.words_per_row}));
+  DS_ASSIGN_OR_RETURN(p.scales, read_f32(module + ".weight_scale", {rows, groups}));
   if (has(module + ".weight_shape")) {  // the unpadded [rows, cols]
     const CheckpointTensor& ws = tensors_.at(module + ".weight_shape");
     std::vector<int64_t> shape;
@@ -139,26 +143,33 @@ Result<std::vector<float>> Checkpoint::read_linear_f32(const std::string& module
   }
   if (has(module + ".weight_zero_point"))
     return unsupported("tensor '" + module + ".weight_zero_point': asymmetric weights are not supported yet");
-  std::vector<int32_t> g_idx;  // actorder "group": input column -> group
-  if (has(module + ".weight_g_idx")) {
+  if (has(module + ".weight_g_idx")) {  // actorder "group"
     DS_ASSIGN_OR_RETURN(CheckpointTensor gi, get_exact(module + ".weight_g_idx", DType::kI32, {cols}));
-    const int32_t* p = static_cast<const int32_t*>(gi.data);
-    if (std::any_of(p, p + cols, [](int32_t v) { return v >= 0; })) g_idx.assign(p, p + cols);
-    for (int32_t v : g_idx)
+    const int32_t* g = static_cast<const int32_t*>(gi.data);
+    if (std::any_of(g, g + cols, [](int32_t v) { return v >= 0; })) p.g_idx.assign(g, g + cols);
+    for (int32_t v : p.g_idx)
       if (v < 0 || v >= groups)
         return invalid_argument("tensor '" + module + ".weight_g_idx': group index " + std::to_string(v) +
                                 " outside [0, " + std::to_string(groups) + ")");
   }
-  const uint32_t* words = static_cast<const uint32_t*>(packed.data);
-  const int64_t words_per_row = packed.info->shape[1];
-  const uint32_t mask = (1u << q.bits) - 1, offset = 1u << (q.bits - 1);
+  const int32_t* words = static_cast<const int32_t*>(packed.data);
+  p.packed.assign(words, words + rows * p.words_per_row);
+  return p;
+}
+
+Result<std::vector<float>> Checkpoint::read_linear_f32(const std::string& module, int64_t rows, int64_t cols) const {
+  if (!is_quantized(module)) return read_f32(module + ".weight", {rows, cols});
+  DS_ASSIGN_OR_RETURN(PackedLinear p, read_packed(module, rows, cols));
+  const int per_word = 32 / p.bits;
+  const int64_t groups = static_cast<int64_t>(p.scales.size()) / rows;
+  const uint32_t mask = (1u << p.bits) - 1, offset = 1u << (p.bits - 1);
   std::vector<float> w(static_cast<size_t>(rows * cols));
   for (int64_t o = 0; o < rows; ++o)
     for (int64_t i = 0; i < cols; ++i) {
-      const uint32_t word = words[o * words_per_row + i / per_word];
-      const int value = static_cast<int>((word >> (q.bits * (i % per_word))) & mask) - static_cast<int>(offset);
-      const int64_t grp = g_idx.empty() ? i / q.group_size : g_idx[i];
-      w[o * cols + i] = static_cast<float>(value) * scale[o * groups + grp];  // exact in fp32
+      const uint32_t word = static_cast<uint32_t>(p.packed[o * p.words_per_row + i / per_word]);
+      const int value = static_cast<int>((word >> (p.bits * (i % per_word))) & mask) - static_cast<int>(offset);
+      const int64_t grp = p.g_idx.empty() ? i / p.group_size : p.g_idx[i];
+      w[o * cols + i] = static_cast<float>(value) * p.scales[o * groups + grp];  // exact in fp32
     }
   return w;
 }

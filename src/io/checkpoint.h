@@ -21,6 +21,15 @@ struct CheckpointTensor {
   const std::string* file = nullptr;  // path of the file holding it
 };
 
+// A compressed-tensors pack-quantized linear as stored (validated, copied out of the mmap).
+struct PackedLinear {
+  int bits = 4, group_size = 128;
+  int64_t rows = 0, cols = 0, words_per_row = 0;
+  std::vector<int32_t> packed;  // i32 [rows, words_per_row]: value j of word c is column c*(32/bits)+j, + 2^(bits-1)
+  std::vector<float> scales;    // f32 [rows, ceil(cols / group_size)], signed
+  std::vector<int32_t> g_idx;   // i32 [cols] column -> group (actorder "group"), empty for column / group_size
+};
+
 class Checkpoint {
  public:
   static Result<std::unique_ptr<Checkpoint>> open(const std::string& dir);
@@ -40,6 +49,8 @@ class Checkpoint {
   // `weight_scale` (+ `weight_shape`, `weight_g_idx`) when the checkpoint has them.
   Result<std::vector<float>> read_linear_f32(const std::string& module, int64_t rows, int64_t cols) const;
   bool is_quantized(const std::string& module) const { return has(module + ".weight_packed"); }
+  // The packed tensors of quantized linear `module`, checked against [rows, cols].
+  Result<PackedLinear> read_packed(const std::string& module, int64_t rows, int64_t cols) const;
 
   static std::string canonical_name(const std::string& published);  // "" for ignored tensors
 

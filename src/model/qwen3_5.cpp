@@ -18,8 +18,8 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(const Checkpoint& ck, Ops
 }
 
 Result<std::unique_ptr<Qwen35Model>> Qwen35Model::synthetic(const ModelConfig& config, Ops& ops, bool with_mtp,
-                                                             uint64_t seed) {
-  DS_ASSIGN_OR_RETURN(ModelWeights w, synthetic_weights(config, ops, with_mtp, seed));
+                                                             bool w4a16, uint64_t seed) {
+  DS_ASSIGN_OR_RETURN(ModelWeights w, synthetic_weights(config, ops, with_mtp, w4a16, seed));
   return std::unique_ptr<Qwen35Model>(new Qwen35Model(config, std::move(w), ops));
 }
 
@@ -49,10 +49,10 @@ Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
   Tensor z = act({T, Hv * dv});
   Tensor b = act({T, Hv});
   Tensor a = act({T, Hv});
-  ops_.linear(h, w.in_proj_qkv, mixed_qkv);
-  ops_.linear(h, w.in_proj_z, z);
-  ops_.linear(h, w.in_proj_b, b);
-  ops_.linear(h, w.in_proj_a, a);
+  linear(h, w.in_proj_qkv, mixed_qkv);
+  linear(h, w.in_proj_z, z);
+  linear(h, w.in_proj_b, b);
+  linear(h, w.in_proj_a, a);
 
   Tensor qkv = act({T, C});  // silu(causal_conv1d(mixed_qkv)) = [q | k | v]
   ops_.conv1d_silu(mixed_qkv, w.conv1d, L.cache_index, qkv);
@@ -70,7 +70,7 @@ Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
   ops_.gated_rms_norm(core_attn_out.view({T * Hv, dv}), z.view({T * Hv, dv}), w.norm, cfg_.rms_norm_eps,
                       cfg_.output_gate_sigmoid, normed.view({T * Hv, dv}));
   Tensor out = act({T, H});
-  ops_.linear(normed, w.out_proj, out);
+  linear(normed, w.out_proj, out);
   return out;
 }
 
@@ -82,9 +82,9 @@ Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
   Tensor q_gate = act({T, nH * 2 * hd});
   Tensor key_states = act({T, nKV, hd});
   Tensor value_states = act({T, nKV, hd});
-  ops_.linear(h, w.q_proj, q_gate);
-  ops_.linear(h, w.k_proj, key_states.view({T, nKV * hd}));
-  ops_.linear(h, w.v_proj, value_states.view({T, nKV * hd}));
+  linear(h, w.q_proj, q_gate);
+  linear(h, w.k_proj, key_states.view({T, nKV * hd}));
+  linear(h, w.v_proj, value_states.view({T, nKV * hd}));
 
   Tensor query_states = act({T, nH, hd});
   Tensor gate = act({T, nH * hd});
@@ -99,7 +99,7 @@ Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
                  attn_output);
   ops_.sigmoid_mul(attn_output, gate);
   Tensor out = act({T, H});
-  ops_.linear(attn_output, w.o_proj, out);
+  linear(attn_output, w.o_proj, out);
   return out;
 }
 
@@ -108,12 +108,12 @@ Tensor Qwen35Model::mlp_block(const MlpWeights& m, Tensor h) {
   const int64_t T = h.dim(0), H = cfg_.hidden_size, I = cfg_.intermediate_size;
   Tensor gate = act({T, I});
   Tensor up = act({T, I});
-  ops_.linear(h, m.gate_proj, gate);
-  ops_.linear(h, m.up_proj, up);
+  linear(h, m.gate_proj, gate);
+  linear(h, m.up_proj, up);
   Tensor inner = act({T, I});
   ops_.silu_mul(gate, up, inner);
   Tensor out = act({T, H});
-  ops_.linear(inner, m.down_proj, out);
+  linear(inner, m.down_proj, out);
   return out;
 }
 
@@ -136,7 +136,7 @@ Tensor Qwen35Model::logits_of(Tensor hn, int64_t n_out) {
   Tensor selected = act({n_out, cfg_.hidden_size});
   ops_.gather_rows(hn, selected);
   Tensor logits = act({n_out, cfg_.vocab_size});
-  ops_.linear(selected, w_.lm_head, logits);
+  linear(selected, w_.lm_head, logits);
   return logits;
 }
 
@@ -167,7 +167,7 @@ Tensor Qwen35Model::forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor
   Tensor fc_in = act({T, 2 * H});  // order: [embedding, hidden]
   ops_.concat_cols(e_normed, h_normed, fc_in);
   Tensor x = act({T, H});
-  ops_.linear(fc_in, m.fc, x);
+  linear(fc_in, m.fc, x);
   decoder_layer(m.layer, x);
   Tensor mtp_hidden = act({T, H});
   ops_.rms_norm(x, m.norm, cfg_.rms_norm_eps, mtp_hidden);

@@ -15,30 +15,30 @@
 namespace ds {
 
 struct GdnWeights {
-  Tensor in_proj_qkv;  // [conv_dim, H]
-  Tensor in_proj_z;    // [Hv*dv, H]
-  Tensor in_proj_b;    // [Hv, H]
-  Tensor in_proj_a;    // [Hv, H]
+  LinearWeight in_proj_qkv;  // [conv_dim, H]
+  LinearWeight in_proj_z;    // [Hv*dv, H]
+  LinearWeight in_proj_b;    // [Hv, H]
+  LinearWeight in_proj_a;    // [Hv, H]
   Tensor conv1d;       // f32 [conv_dim, K]
   Tensor a_log;        // f32 [Hv]
   Tensor dt_bias;      // f32 [Hv]
   Tensor norm;         // f32 [dv], plain multiplier
-  Tensor out_proj;     // [H, Hv*dv]
+  LinearWeight out_proj;     // [H, Hv*dv]
 };
 
 struct AttnWeights {
-  Tensor q_proj;  // [nH*2*hd, H], per head [query | gate]
-  Tensor k_proj;  // [nKV*hd, H]
-  Tensor v_proj;  // [nKV*hd, H]
-  Tensor o_proj;  // [H, nH*hd]
+  LinearWeight q_proj;  // [nH*2*hd, H], per head [query | gate]
+  LinearWeight k_proj;  // [nKV*hd, H]
+  LinearWeight v_proj;  // [nKV*hd, H]
+  LinearWeight o_proj;  // [H, nH*hd]
   Tensor q_norm;  // f32 [hd], 1 already added
   Tensor k_norm;  // f32 [hd], 1 already added
 };
 
 struct MlpWeights {
-  Tensor gate_proj;  // [I, H]
-  Tensor up_proj;    // [I, H]
-  Tensor down_proj;  // [H, I]
+  LinearWeight gate_proj;  // [I, H]
+  LinearWeight up_proj;    // [I, H]
+  LinearWeight down_proj;  // [H, I]
 };
 
 struct LayerWeights {
@@ -52,7 +52,7 @@ struct LayerWeights {
 };
 
 struct MtpWeights {
-  Tensor fc;                     // [H, 2H], input = concat(embedding part, hidden part)
+  LinearWeight fc;               // [H, 2H], input = concat(embedding part, hidden part)
   Tensor pre_fc_norm_embedding;  // f32 [H], 1 already added
   Tensor pre_fc_norm_hidden;     // f32 [H], 1 already added
   Tensor norm;                   // f32 [H], 1 already added
@@ -62,21 +62,22 @@ struct MtpWeights {
 struct ModelWeights {
   Tensor embed;       // [V, H]
   Tensor final_norm;  // f32 [H], 1 already added
-  Tensor lm_head;     // [V, H] (the embedding when tied)
+  LinearWeight lm_head;  // [V, H] (the embedding when tied)
   std::vector<LayerWeights> layers;
   std::optional<MtpWeights> mtp;
 };
 
 // Reads and checks every tensor the config implies; uploads through `ops`.
 Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops);
-// Random weights of the config's exact shapes, drawn on the backend (benchmarks).
-Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, uint64_t seed);
+// Random weights of the config's exact shapes, drawn on the backend (benchmarks); w4a16 makes
+// every linear but the lm_head and in_proj_a/b W4A16 with group 128, as published checkpoints do.
+Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, bool w4a16, uint64_t seed);
 
 class Qwen35Model {
  public:
   static Result<std::unique_ptr<Qwen35Model>> load(const Checkpoint& ck, Ops& ops);
   static Result<std::unique_ptr<Qwen35Model>> synthetic(const ModelConfig& config, Ops& ops, bool with_mtp,
-                                                        uint64_t seed);
+                                                        bool w4a16, uint64_t seed);
 
   const ModelConfig& config() const { return cfg_; }
   bool has_mtp() const { return w_.mtp.has_value(); }
@@ -103,6 +104,11 @@ class Qwen35Model {
   Tensor decoder_layer(const LayerWeights& L, Tensor x);
   Tensor logits_of(Tensor hn, int64_t n_out);
   Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }
+  // out act [T, N] = x act [T, K] . w^T, dense or W4A16
+  void linear(Tensor x, const LinearWeight& w, Tensor out) {
+    if (w.quantized()) ops_.linear_w4a16(x, w, out);
+    else ops_.linear(x, w.dense, out);
+  }
 
   ModelConfig cfg_;
   ModelWeights w_;

@@ -20,6 +20,9 @@ class WeightSource {
   virtual ~WeightSource() = default;
   // A matrix or embedding [rows, cols] in the backend's activation dtype.
   virtual Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) = 0;
+  // The weight `name` of a linear layer [rows, cols]: W4A16 where the source has it and the
+  // backend runs it, else dense.
+  virtual Result<LinearWeight> linear(const std::string& name, int64_t rows, int64_t cols) = 0;
   // A fp32 parameter published with `shape`, stored as [rows, cols] (cols 0: a vector of rows).
   virtual Result<Tensor> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t rows, int64_t cols,
                              ParamKind kind) = 0;
@@ -29,13 +32,27 @@ class CheckpointSource final : public WeightSource {
  public:
   CheckpointSource(const Checkpoint& ck, Ops& ops) : ck_(ck), ops_(ops) {}
   Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) override {
-    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
-    if (ck_.is_quantized(module)) {  // dequantised at load (exact in fp32; rounded once for a bf16 backend)
-      DS_ASSIGN_OR_RETURN(std::vector<float> w, ck_.read_linear_f32(module, rows, cols));
-      return ops_.upload(w.data(), DType::kF32, {rows, cols}, ops_.act_dtype());
-    }
     DS_ASSIGN_OR_RETURN(CheckpointTensor t, ck_.get_float(name, {rows, cols}));
     return ops_.upload(t.data, t.info->dtype, {rows, cols}, ops_.act_dtype());
+  }
+  Result<LinearWeight> linear(const std::string& name, int64_t rows, int64_t cols) override {
+    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
+    LinearWeight w;
+    if (!ck_.is_quantized(module)) {
+      DS_ASSIGN_OR_RETURN(w.dense, matrix(name, rows, cols));
+      return w;
+    }
+    DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
+    if (ops_.supports_w4a16() && p.bits == 4 && p.g_idx.empty() && cols % p.group_size == 0) {
+      w.packed = ops_.upload(p.packed.data(), DType::kI32, {rows, cols / 8}, DType::kI32);
+      w.scales = ops_.upload(p.scales.data(), DType::kF32, {rows, cols / p.group_size}, DType::kF32);
+      w.group_size = p.group_size;
+      return w;
+    }
+    // Dequantised at load: exact in fp32, rounded once for a bf16 backend.
+    DS_ASSIGN_OR_RETURN(std::vector<float> dense, ck_.read_linear_f32(module, rows, cols));
+    w.dense = ops_.upload(dense.data(), DType::kF32, {rows, cols}, ops_.act_dtype());
+    return w;
   }
   Result<Tensor> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t rows, int64_t cols,
                      ParamKind kind) override {
@@ -54,12 +71,28 @@ class CheckpointSource final : public WeightSource {
 // Random weights drawn on the backend (uniform, scaled so activations stay O(1)).
 class SyntheticSource final : public WeightSource {
  public:
-  SyntheticSource(Ops& ops, uint64_t seed) : ops_(ops), seed_(seed) {}
+  SyntheticSource(Ops& ops, bool w4a16, uint64_t seed) : ops_(ops), w4a16_(w4a16 && ops.supports_w4a16()), seed_(seed) {}
   Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) override {
     Tensor t = ops_.alloc(ops_.act_dtype(), {rows, cols});
     const bool embedding = name.find("embed_tokens") != std::string::npos;
     ops_.fill_random(t, 0.f, embedding ? 1.f : 1.7f / std::sqrt(static_cast<float>(cols)), seed_++);
     return t;
+  }
+  Result<LinearWeight> linear(const std::string& name, int64_t rows, int64_t cols) override {
+    LinearWeight w;
+    const bool keep_dense = name == "lm_head.weight" || name.find("in_proj_a") != std::string::npos ||
+                            name.find("in_proj_b") != std::string::npos || name.rfind("mtp.", 0) == 0;
+    if (!w4a16_ || keep_dense || cols % kGroup != 0) {
+      DS_ASSIGN_OR_RETURN(w.dense, matrix(name, rows, cols));
+      return w;
+    }
+    w.packed = ops_.alloc(DType::kI32, {rows, cols / 8});
+    ops_.fill_random(w.packed, 0.f, 0.f, seed_++);  // random nibbles: q uniform in [-8, 7]
+    w.scales = ops_.alloc(DType::kF32, {rows, cols / kGroup});
+    // |q| averages 4: scales of 0.4/sqrt(K) give the dense weights' spread
+    ops_.fill_random(w.scales, 0.f, 0.4f / std::sqrt(static_cast<float>(cols)), seed_++);
+    w.group_size = kGroup;
+    return w;
   }
   Result<Tensor> f32(const std::string&, const std::vector<int64_t>&, int64_t rows, int64_t cols,
                      ParamKind kind) override {
@@ -71,7 +104,9 @@ class SyntheticSource final : public WeightSource {
   }
 
  private:
+  static constexpr int kGroup = 128;
   Ops& ops_;
+  bool w4a16_;
   uint64_t seed_;
 };
 
@@ -80,14 +115,15 @@ class Loader {
   explicit Loader(WeightSource& src) : src_(src) {}
 
   Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) { return src_.matrix(name, rows, cols); }
+  Result<LinearWeight> lin(const std::string& name, int64_t rows, int64_t cols) { return src_.linear(name, rows, cols); }
   Result<Tensor> norm(const std::string& name, int64_t n) { return src_.f32(name, {n}, n, 0, ParamKind::kNorm1p); }
 
   Status attention(const std::string& p, const ModelConfig& c, AttnWeights* a) {
     const int64_t H = c.hidden_size, hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
-    DS_ASSIGN_OR_RETURN(a->q_proj, matrix(p + "q_proj.weight", nH * hd * 2, H));
-    DS_ASSIGN_OR_RETURN(a->k_proj, matrix(p + "k_proj.weight", nKV * hd, H));
-    DS_ASSIGN_OR_RETURN(a->v_proj, matrix(p + "v_proj.weight", nKV * hd, H));
-    DS_ASSIGN_OR_RETURN(a->o_proj, matrix(p + "o_proj.weight", H, nH * hd));
+    DS_ASSIGN_OR_RETURN(a->q_proj, lin(p + "q_proj.weight", nH * hd * 2, H));
+    DS_ASSIGN_OR_RETURN(a->k_proj, lin(p + "k_proj.weight", nKV * hd, H));
+    DS_ASSIGN_OR_RETURN(a->v_proj, lin(p + "v_proj.weight", nKV * hd, H));
+    DS_ASSIGN_OR_RETURN(a->o_proj, lin(p + "o_proj.weight", H, nH * hd));
     DS_ASSIGN_OR_RETURN(a->q_norm, norm(p + "q_norm.weight", hd));
     DS_ASSIGN_OR_RETURN(a->k_norm, norm(p + "k_norm.weight", hd));
     return Status();
@@ -95,24 +131,24 @@ class Loader {
 
   Status mlp(const std::string& p, const ModelConfig& c, MlpWeights* m) {
     const int64_t H = c.hidden_size, I = c.intermediate_size;
-    DS_ASSIGN_OR_RETURN(m->gate_proj, matrix(p + "gate_proj.weight", I, H));
-    DS_ASSIGN_OR_RETURN(m->up_proj, matrix(p + "up_proj.weight", I, H));
-    DS_ASSIGN_OR_RETURN(m->down_proj, matrix(p + "down_proj.weight", H, I));
+    DS_ASSIGN_OR_RETURN(m->gate_proj, lin(p + "gate_proj.weight", I, H));
+    DS_ASSIGN_OR_RETURN(m->up_proj, lin(p + "up_proj.weight", I, H));
+    DS_ASSIGN_OR_RETURN(m->down_proj, lin(p + "down_proj.weight", H, I));
     return Status();
   }
 
   Status gdn(const std::string& p, const ModelConfig& c, GdnWeights* g) {
     const int64_t H = c.hidden_size, C = c.conv_dim(), Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
     const int64_t K = c.linear_conv_kernel_dim;
-    DS_ASSIGN_OR_RETURN(g->in_proj_qkv, matrix(p + "in_proj_qkv.weight", C, H));
-    DS_ASSIGN_OR_RETURN(g->in_proj_z, matrix(p + "in_proj_z.weight", Hv * dv, H));
-    DS_ASSIGN_OR_RETURN(g->in_proj_b, matrix(p + "in_proj_b.weight", Hv, H));
-    DS_ASSIGN_OR_RETURN(g->in_proj_a, matrix(p + "in_proj_a.weight", Hv, H));
+    DS_ASSIGN_OR_RETURN(g->in_proj_qkv, lin(p + "in_proj_qkv.weight", C, H));
+    DS_ASSIGN_OR_RETURN(g->in_proj_z, lin(p + "in_proj_z.weight", Hv * dv, H));
+    DS_ASSIGN_OR_RETURN(g->in_proj_b, lin(p + "in_proj_b.weight", Hv, H));
+    DS_ASSIGN_OR_RETURN(g->in_proj_a, lin(p + "in_proj_a.weight", Hv, H));
     DS_ASSIGN_OR_RETURN(g->conv1d, src_.f32(p + "conv1d.weight", {C, 1, K}, C, K, ParamKind::kConv));
     DS_ASSIGN_OR_RETURN(g->a_log, src_.f32(p + "A_log", {Hv}, Hv, 0, ParamKind::kALog));
     DS_ASSIGN_OR_RETURN(g->dt_bias, src_.f32(p + "dt_bias", {Hv}, Hv, 0, ParamKind::kDtBias));
     DS_ASSIGN_OR_RETURN(g->norm, src_.f32(p + "norm.weight", {dv}, dv, 0, ParamKind::kGain));
-    DS_ASSIGN_OR_RETURN(g->out_proj, matrix(p + "out_proj.weight", H, Hv * dv));
+    DS_ASSIGN_OR_RETURN(g->out_proj, lin(p + "out_proj.weight", H, Hv * dv));
     return Status();
   }
 
@@ -128,9 +164,9 @@ Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, bool
   DS_ASSIGN_OR_RETURN(w.embed, ld.matrix("model.embed_tokens.weight", V, H));
   DS_ASSIGN_OR_RETURN(w.final_norm, ld.norm("model.norm.weight", H));
   if (c.tie_word_embeddings) {
-    w.lm_head = w.embed;
+    w.lm_head.dense = w.embed;
   } else {
-    DS_ASSIGN_OR_RETURN(w.lm_head, ld.matrix("lm_head.weight", V, H));
+    DS_ASSIGN_OR_RETURN(w.lm_head, ld.lin("lm_head.weight", V, H));
   }
   int n_gdn = 0, n_attn = 0;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -151,7 +187,7 @@ Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, bool
   }
   if (with_mtp) {
     MtpWeights m;
-    DS_ASSIGN_OR_RETURN(m.fc, ld.matrix("mtp.fc.weight", H, 2 * H));
+    DS_ASSIGN_OR_RETURN(m.fc, ld.lin("mtp.fc.weight", H, 2 * H));
     DS_ASSIGN_OR_RETURN(m.pre_fc_norm_embedding, ld.norm("mtp.pre_fc_norm_embedding.weight", H));
     DS_ASSIGN_OR_RETURN(m.pre_fc_norm_hidden, ld.norm("mtp.pre_fc_norm_hidden.weight", H));
     DS_ASSIGN_OR_RETURN(m.norm, ld.norm("mtp.norm.weight", H));
@@ -174,8 +210,8 @@ Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops) {
   return build_weights(ck.config(), src, ck.has_prefix("mtp."));
 }
 
-Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, uint64_t seed) {
-  SyntheticSource src(ops, seed);
+Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, bool w4a16, uint64_t seed) {
+  SyntheticSource src(ops, w4a16, seed);
   return build_weights(config, src, with_mtp);
 }
 

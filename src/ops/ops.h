@@ -16,6 +16,17 @@ struct GdnShape {
   int n_k_heads = 0, n_v_heads = 0, k_head_dim = 0, v_head_dim = 0;
 };
 
+// A linear layer's weight: dense act [N, K], or W4A16 as published by compressed-tensors
+// (`packed` i32 [N, K/8]: nibble j of word c is input column 8c+j, stored as q + 8;
+// `scales` f32 [N, K/group_size], signed; W[n, k] = q * scales[n, k / group_size]).
+struct LinearWeight {
+  Tensor dense;
+  Tensor packed;
+  Tensor scales;
+  int group_size = 0;  // > 0: quantized
+  bool quantized() const { return group_size > 0; }
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -23,12 +34,13 @@ class Ops {
   virtual DType act_dtype() const = 0;
 
   // --- memory ---
-  // A persistent copy of host data (any float dtype), stored as `want`.
+  // A persistent copy of host data (any float dtype), stored as `want`; integer data (I32)
+  // is copied as it is (want == host_dtype).
   virtual Tensor upload(const void* host, DType host_dtype, std::initializer_list<int64_t> shape, DType want) = 0;
   // Persistent memory, contents undefined (filled by fill_random or by ops).
   virtual Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) = 0;
   // Uniform values in [mean - half_range, mean + half_range], a pure function of seed and index
-  // (synthetic weights). t is F32 or act.
+  // (synthetic weights). t is F32 or act; for I32, random bit patterns (mean/range unused).
   virtual void fill_random(Tensor t, float mean, float half_range, uint64_t seed) = 0;
   // Step-lifetime memory, released by reset_scratch().
   virtual Tensor scratch(DType dtype, std::initializer_list<int64_t> shape) = 0;
@@ -55,6 +67,10 @@ class Ops {
   virtual void rms_norm(Tensor x, Tensor w, float eps, Tensor out) = 0;
   // out act [T, N] = x act [T, K] . w [N, K]^T
   virtual void linear(Tensor x, Tensor w, Tensor out) = 0;
+  // Whether linear_w4a16 exists; otherwise W4A16 checkpoints are dequantised at load.
+  virtual bool supports_w4a16() const { return false; }
+  // out act [T, N] = x act [T, K] . W^T for a quantized LinearWeight (see above).
+  virtual void linear_w4a16(Tensor x, const LinearWeight& w, Tensor out) { DS_FATAL("%s has no W4A16 linear", name()); }
   // x act [R, D] += y act [R, D]
   virtual void add(Tensor x, Tensor y) = 0;
   // out act [T, I] = silu(gate) * up; gate, up act [T, I]

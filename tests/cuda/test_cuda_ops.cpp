@@ -146,6 +146,35 @@ TEST_F(CudaOpsTest, LinearEmbeddingGather) {
   }
 }
 
+// W4A16 (compressed-tensors layout, signed scales) against the CPU linear on the same weights
+// dequantised on the host: the GEMV path (T <= 64) and the dequantise + cuBLAS path (T > 64).
+TEST_F(CudaOpsTest, LinearW4A16) {
+  const int group = 128;
+  for (auto [N, K] : std::vector<std::pair<int, int>>{{96, 128}, {200, 384}}) {
+    std::vector<int32_t> packed(N * K / 8);
+    for (auto& w : packed) w = static_cast<int32_t>(rng());
+    std::vector<float> scales = random_bf16(N * K / group, rng, 0.02f);  // about half negative
+    std::vector<float> dense(N * K);
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) {
+        const uint32_t word = static_cast<uint32_t>(packed[n * (K / 8) + k / 8]);
+        dense[n * K + k] = float(int((word >> (4 * (k % 8))) & 15u) - 8) * scales[n * (K / group) + k / group];
+      }
+    LinearWeight w;
+    w.packed = gpu->upload(packed.data(), DType::kI32, {N, K / 8}, DType::kI32);
+    w.scales = gpu->upload(scales.data(), DType::kF32, {N, K / group}, DType::kF32);
+    w.group_size = group;
+    Tensor w_cpu = cpu.upload(dense.data(), DType::kF32, {N, K}, DType::kF32);
+    for (int T : {1, 5, 63, 64, 65, 200}) {
+      auto x = both(random_bf16(T * K, rng), {T, K});
+      auto out = outputs({T, N});
+      cpu.linear(x.first, w_cpu, out.first);
+      gpu->linear_w4a16(x.second, w, out.second);
+      expect_close(out, 1e-2, "w4a16_N" + std::to_string(N) + "_T" + std::to_string(T));
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, SplitQueryGateAndRope) {
   const int T = 63, nH = 3, hd = 40;
   StepPlan p = make_plan({20, 43}, {0, 1000}, 16, 4);

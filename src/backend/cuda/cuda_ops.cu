@@ -77,7 +77,13 @@ CudaOps::~CudaOps() {
 }
 
 Tensor CudaOps::upload(const void* host, DType host_dtype, std::initializer_list<int64_t> shape, DType want) {
-  DS_ASSERT(want == DType::kBF16 || want == DType::kF32, "CUDA weights are BF16 or F32, not %s", dtype_name(want));
+  if (want == DType::kI32) {  // packed weights: copied as they are
+    DS_ASSERT(host_dtype == DType::kI32, "I32 uploads copy I32 data");
+    Tensor t = alloc(DType::kI32, shape);
+    CUDA_CHECK(cudaMemcpy(t.data, host, t.nbytes(), cudaMemcpyHostToDevice));
+    return t;
+  }
+  DS_ASSERT(want == DType::kBF16 || want == DType::kF32, "CUDA weights are BF16, F32 or I32, not %s", dtype_name(want));
   Tensor t(nullptr, want, shape);
   const size_t n = static_cast<size_t>(t.numel());
   std::vector<float> f32(n);
@@ -95,7 +101,8 @@ Tensor CudaOps::upload(const void* host, DType host_dtype, std::initializer_list
 }
 
 Tensor CudaOps::alloc(DType dtype, std::initializer_list<int64_t> shape) {
-  DS_ASSERT(dtype == DType::kBF16 || dtype == DType::kF32, "CUDA tensors are BF16 or F32, not %s", dtype_name(dtype));
+  DS_ASSERT(dtype == DType::kBF16 || dtype == DType::kF32 || dtype == DType::kI32,
+            "CUDA tensors are BF16, F32 or I32, not %s", dtype_name(dtype));
   Tensor t(nullptr, dtype, shape);
   t.data = impl_->alloc(t.nbytes());
   weight_bytes_ += t.nbytes();
@@ -103,7 +110,8 @@ Tensor CudaOps::alloc(DType dtype, std::initializer_list<int64_t> shape) {
 }
 
 void CudaOps::fill_random(Tensor t, float mean, float half_range, uint64_t seed) {
-  if (t.dtype == DType::kF32) cuda::launch_fill_random_f32(F(t), t.numel(), mean, half_range, seed, impl_->stream);
+  if (t.dtype == DType::kI32) cuda::launch_fill_random_bits(static_cast<uint32_t*>(t.data), t.numel(), seed, impl_->stream);
+  else if (t.dtype == DType::kF32) cuda::launch_fill_random_f32(F(t), t.numel(), mean, half_range, seed, impl_->stream);
   else cuda::launch_fill_random_bf16(B(t), t.numel(), mean, half_range, seed, impl_->stream);
 }
 
@@ -206,6 +214,26 @@ void CudaOps::linear(Tensor x, Tensor w, Tensor out) {
   CUBLAS_CHECK(cublasGemmEx(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w.data, CUDA_R_16BF, K, x.data,
                             CUDA_R_16BF, K, &beta, out.data, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
                             CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::linear_w4a16(Tensor x, const LinearWeight& w, Tensor out) {
+  expect_bf16(x, "linear x");
+  expect_bf16(out, "linear out");
+  DS_ASSERT(w.quantized() && w.packed.dtype == DType::kI32 && w.scales.dtype == DType::kF32, "W4A16 weight");
+  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.packed.dim(0));
+  DS_ASSERT(w.packed.dim(1) * 8 == K && out.numel() == int64_t(T) * N, "W4A16 shapes x%s packed%s out%s",
+            x.shape_str().c_str(), w.packed.shape_str().c_str(), out.shape_str().c_str());
+  const auto* packed = static_cast<const uint32_t*>(w.packed.data);
+  constexpr int kGemvMaxTokens = 64;  // beyond this, re-reading the packed rows costs more than a dequantise
+  if (T <= kGemvMaxTokens) {
+    cuda::launch_w4a16_gemv(B(x), packed, F(w.scales), B(out), T, N, K, w.group_size, impl_->stream);
+    return;
+  }
+  const size_t mark = scratch_mark();
+  Tensor dense = scratch(DType::kBF16, {N, K});
+  cuda::launch_w4a16_dequant(packed, F(w.scales), B(dense), N, K, w.group_size, impl_->stream);
+  linear(x, dense, out);
+  scratch_release(mark);
 }
 
 void CudaOps::add(Tensor x, Tensor y) {

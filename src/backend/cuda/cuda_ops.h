@@ -45,6 +45,8 @@ class CudaOps final : public Ops {
   void embedding(Tensor table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
+  bool supports_w4a16() const override { return true; }
+  void linear_w4a16(Tensor x, const LinearWeight& w, Tensor out) override;
   void add(Tensor x, Tensor y) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
   void gather_rows(Tensor x, Tensor out) override;

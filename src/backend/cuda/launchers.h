@@ -42,6 +42,17 @@ void launch_fill_random_f32(float* x, int64_t n, float mean, float half_range, u
 void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, uint64_t seed, cudaStream_t s);
 // out = y = x . w^T with cuBLAS lives in cuda_ops.cu (it needs the handle).
 
+// W4A16, compressed-tensors layout: packed u32 [N, K/8] (nibble j of word c = column 8c+j, q+8),
+// scales f32 [N, K/group]. out bf16 [T, N] = x bf16 [T, K] . W^T (small T: streams W once per
+// 8 tokens).
+void launch_w4a16_gemv(const bf16* x, const uint32_t* packed, const float* scales, bf16* out, int T, int N, int K,
+                       int group, cudaStream_t s);
+// w bf16 [N, K] = dequantised W (for the cuBLAS path of large T)
+void launch_w4a16_dequant(const uint32_t* packed, const float* scales, bf16* w, int N, int K, int group,
+                          cudaStream_t s);
+// x[i] = random 32-bit patterns (synthetic packed weights)
+void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t s);
+
 // Varlen causal depthwise conv + SiLU from the conv state, then the state update.
 // mixed bf16 [T, C]; w f32 [C, K]; state bf16 [n_slots, K-1, C]; out bf16 [T, C].
 // seq_of_token i32 [T]; cu_seqlens i32 [n_seqs+1]; n_past, slots i32 [n_seqs].
