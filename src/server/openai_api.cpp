@@ -61,6 +61,11 @@ std::optional<ApiError> parse_common(const json& j, const ServedModel& m, Parsed
   Fields f{j, std::nullopt};
   if (auto n = f.num<int>("n", 1, 1e9); n && *n != 1) return bad("n", "'n' must be 1: several choices per request are not supported yet");
   if (f.err) return f.err;
+  if (f.present("response_format")) {
+    const json& rf = j["response_format"];
+    if (!rf.is_object() || rf.value("type", "") != "text")
+      return bad("response_format", "only response_format {\"type\": \"text\"} is supported (no structured output yet)");
+  }
   SamplingParams& s = r.gen.sampling;
   s.temperature = f.num<float>("temperature", 0, 2).value_or(m.defaults.temperature.value_or(1.0f));
   s.top_p = f.num<float>("top_p", 1e-9, 1).value_or(m.defaults.top_p.value_or(1.0f));
@@ -224,6 +229,8 @@ std::variant<ParsedRequest, ApiError> parse_chat_request(const std::string& body
     } else if (!j["tool_choice"].is_object()) {
       return bad("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a named function");
     }
+    if (tool_choice == "required" || j["tool_choice"].is_object())  // would need constrained decoding
+      return bad("tool_choice", "'tool_choice' 'required' or a named function is not supported yet; use 'auto' or 'none'");
   }
   if (tool_choice == "none") cr.tools = nullptr;
   r.tools_enabled = !cr.tools.is_null();

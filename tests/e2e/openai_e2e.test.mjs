@@ -164,6 +164,8 @@ test('bad input: clear 4xx with an OpenAI error body', async () => {
   await expectApiError(client.chat.completions.create({ ...greedy, messages: [] }), 400, 'messages');
   await expectApiError(client.chat.completions.create({ ...greedy, model: 'no-such-model', messages: user('hi') }), 404, 'model');
   await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), n: 2 }), 400, 'n');
+  await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'required' }), 400, 'tool_choice');
+  await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), response_format: { type: 'json_object' } }), 400, 'response_format');
   await expectApiError(client.completions.create({ ...greedy, prompt: Array(1100).fill(7), max_tokens: 1 }), 400);
   const over = await expectApiError(client.completions.create({ ...greedy, prompt: [1, 2, 3], max_tokens: 1022 }), 400, 'max_tokens');
   assert.equal(over.error.code, 'context_length_exceeded');
@@ -220,11 +222,13 @@ test('api key, body limit and overload on the limited server', async () => {
     return limited.completions.create({ model: MODEL, prompt: [1, 2], max_tokens: 3000, ignore_eos: true, temperature: 0 }, { signal: ac.signal }).catch((e) => e);
   };
   const running = [long(), long()];
-  for (let i = 0; i < 100; i++) {  // until one runs and one waits
+  let full = false;
+  for (let i = 0; i < 400 && !full; i++) {  // until one runs and one waits
     const m = await (await fetch(`${LIMITED_URL}/metrics`)).text();
-    if (/deltaserve_requests_running 1\n/.test(m) && /deltaserve_requests_waiting 1\n/.test(m)) break;
-    await new Promise((r) => setTimeout(r, 50));
+    full = /deltaserve_requests_running 1\n/.test(m) && /deltaserve_requests_waiting 1\n/.test(m);
+    if (!full) await new Promise((r) => setTimeout(r, 50));
   }
+  assert.ok(full, 'one request running and one waiting on the limited server');
   const r = await rawPost(LIMITED_URL, '/v1/completions', JSON.stringify({ model: MODEL, prompt: [1, 2], max_tokens: 4 }), { Authorization: 'Bearer secret' });
   assert.equal(r.status, 429);
   assert.ok(r.headers.get('retry-after'));

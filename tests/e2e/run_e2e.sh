@@ -3,8 +3,8 @@
 # the git-ignored build folder), starts two servers on free ports and runs the node tests.
 # usage: run_e2e.sh DELTASERVE_BINARY WORK_DIR. Exit 77 (skipped) when node/npm are absent.
 set -euo pipefail
-bin=$1
-work=$2
+bin=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+mkdir -p "$2"; work=$(cd "$2" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 command -v node >/dev/null && command -v npm >/dev/null || { echo "e2e: node/npm not found, skipping" >&2; exit 77; }
