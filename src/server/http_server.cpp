@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <random>
 #include <sstream>
@@ -216,6 +217,41 @@ void raise_listen_backlog(int port, int backlog) {
   closedir(d);
 }
 
+// The socket of the connection a handler is serving (cpp-httplib does not hand it out):
+// the one whose local and peer ports match the request's. -1 if not found. The fd stays
+// open while the handler runs.
+int find_connection_fd(int local_port, int remote_port) {
+  if (local_port <= 0 || remote_port <= 0) return -1;
+  auto port_of = [](const sockaddr_storage& a) {
+    return a.ss_family == AF_INET    ? ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port)
+           : a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port)
+                                     : -1;
+  };
+  int found = -1;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (dirent* e = readdir(d)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd <= 2) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 || port_of(local) != local_port) continue;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 || port_of(peer) != remote_port) continue;
+    found = fd;
+    break;
+  }
+  closedir(d);
+  return found;
+}
+
+// True once the client has closed or reset the connection (checked without consuming data).
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  char c;
+  const ssize_t n = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -252,15 +288,25 @@ struct HttpServer::Impl {
     if (session->req.stream)
       stream_response(session, res);
     else
-      full_response(*session, res);
+      full_response(*session, res, find_connection_fd(req.local_port, req.remote_port));
   }
 
-  void full_response(Session& s, httplib::Response& res) {
+  // conn_fd: the client's socket, watched so that a client that gives up frees its slot.
+  void full_response(Session& s, httplib::Response& res, int conn_fd) {
     std::string reasoning, content;
     std::vector<TokenEvent> events;
+    auto next_check = std::chrono::steady_clock::now();
     while (!s.finished) {
+      if (std::chrono::steady_clock::now() >= next_check) {
+        next_check += 100ms;
+        if (peer_closed(conn_fd)) {
+          s.stream->cancel();
+          res.status = 499;  // nobody is listening any more
+          return;
+        }
+      }
       Pumped p;
-      if (!pump(s, p, 1000ms)) continue;
+      if (!pump(s, p, 100ms)) continue;
       reasoning += p.reasoning;
       content += p.content;
       for (auto& e : p.events) events.push_back(std::move(e));

@@ -198,5 +198,26 @@ TEST(HttpServer, DisconnectMidStreamFreesTheSlot) {
   EXPECT_LT(s.metric("deltaserve_generation_tokens_total"), 400);
 }
 
+TEST(HttpServer, ClientGivingUpOnANonStreamedRequestFreesTheSlot) {
+  LiveServer s(4);
+  json body = {{"model", s.model->name}, {"prompt", std::vector<int>{1, 2, 3}}, {"max_tokens", 480}, {"temperature", 0},
+               {"ignore_eos", true}};
+  {
+    httplib::Client c("127.0.0.1", s.port);
+    c.set_read_timeout(0, 200000);  // gives up after 0.2 s and closes the connection
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    EXPECT_FALSE(r);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(1000));
+  }
+  double used = 1;
+  for (int i = 0; i < 200 && used != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    used = s.metric("deltaserve_state_slots_used");
+  }
+  EXPECT_EQ(used, 0);
+  EXPECT_LT(s.metric("deltaserve_generation_tokens_total"), 480);
+}
+
 }  // namespace
 }  // namespace ds::server
