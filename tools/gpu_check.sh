@@ -37,11 +37,16 @@ for t in test_cuda_ops test_cuda_model; do
 done
 
 # The 27B-shape model benchmark (random weights), beside the rooflines measured in the same run.
+# env: DS_SKIP_BENCH=1 skips both; DS_BENCH=w4a16 runs only the W4A16 sweep.
 if [ "${DS_SKIP_BENCH:-0}" != 1 ]; then
+  [ "${DS_BENCH:-all}" = w4a16 ] || \
   .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --json "$OUT/bench_model.jsonl" \
     > "$OUT/bench_model.txt" 2> "$OUT/bench_model.log" || status=1
   .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --w4a16 --prefill 1024,4096 \
     --json "$OUT/bench_model_w4a16.jsonl" > "$OUT/bench_model_w4a16.txt" 2> "$OUT/bench_model_w4a16.log" || status=1
+  # The same decode sweep with every step on the dequantise + cuBLAS path, for comparison.
+  DS_W4A16_GEMV_MAX_TOKENS=0 .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --w4a16 \
+    --prefill 1024 > "$OUT/bench_model_w4a16_dequant.txt" 2> "$OUT/bench_model_w4a16_dequant.log" || status=1
 fi
 
 echo "== figures =="
@@ -67,5 +72,7 @@ echo "== bench model (27B shape, bf16 weights, synthetic) =="
 cat "$OUT/bench_model.txt" 2>/dev/null; tail -3 "$OUT/bench_model.log" 2>/dev/null
 echo "== bench model (27B shape, W4A16 linears, synthetic) =="
 cat "$OUT/bench_model_w4a16.txt" 2>/dev/null; tail -3 "$OUT/bench_model_w4a16.log" 2>/dev/null
+echo "== the same, W4A16 through dequantise + cuBLAS only =="
+cat "$OUT/bench_model_w4a16_dequant.txt" 2>/dev/null
 cat "$OUT/gpu.txt"
 exit $status

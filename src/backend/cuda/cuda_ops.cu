@@ -224,8 +224,14 @@ void CudaOps::linear_w4a16(Tensor x, const LinearWeight& w, Tensor out) {
   DS_ASSERT(w.packed.dim(1) * 8 == K && out.numel() == int64_t(T) * N, "W4A16 shapes x%s packed%s out%s",
             x.shape_str().c_str(), w.packed.shape_str().c_str(), out.shape_str().c_str());
   const auto* packed = static_cast<const uint32_t*>(w.packed.data);
-  constexpr int kGemvMaxTokens = 64;  // beyond this, re-reading the packed rows costs more than a dequantise
-  if (T <= kGemvMaxTokens) {
+  // Steps of up to this many tokens take the GEMV, longer ones dequantise + cuBLAS.
+  // env: DS_W4A16_GEMV_MAX_TOKENS (default 1: on the H200 the GEMV's 27B-shape steps grow
+  // from 39 ms at 1 token to 95 ms at 8, where bf16 cuBLAS steps take 28 ms; see docs/perf)
+  static const int gemv_max_tokens = [] {
+    const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
+    return env ? std::atoi(env) : 1;
+  }();
+  if (T <= gemv_max_tokens) {
     cuda::launch_w4a16_gemv(B(x), packed, F(w.scales), B(out), T, N, K, w.group_size, impl_->stream);
     return;
   }
