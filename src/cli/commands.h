@@ -3,8 +3,16 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 namespace ds {
+// Prints "error: message" on stderr and ends the subcommand with exit code 1.
+[[noreturn]] void cli_fail(const std::string& message);
+// "1,2,3" -> ids ("" -> none); anything else fails naming the bad entry.
+std::vector<int32_t> cli_parse_ids(const std::string& text);
+
 // logits, generate
 void register_model_commands(CLI::App& app);
 // tokenize, detokenize, chat-template

@@ -26,18 +26,14 @@ struct BenchModelArgs {
   ModelBenchOptions o;
 };
 
-[[noreturn]] void fail(const std::string& m) {
-  std::fprintf(stderr, "error: %s\n", m.c_str());
-  throw CLI::RuntimeError(1);
-}
 
 void run(BenchModelArgs& a) {
 #ifndef DS_HAVE_CUDA
-  fail("bench model needs the CUDA backend; this build has none");
+  cli_fail("bench model needs the CUDA backend; this build has none");
 #else
-  if (cuda_device_count() == 0) fail("bench model needs a CUDA GPU");
-  if (a.synthetic && !a.model_dir.empty()) fail("give either --synthetic or --model, not both");
-  if (!a.synthetic && a.model_dir.empty()) fail("give --config C --synthetic, or --model DIR");
+  if (cuda_device_count() == 0) cli_fail("bench model needs a CUDA GPU");
+  if (a.synthetic && !a.model_dir.empty()) cli_fail("give either --synthetic or --model, not both");
+  if (!a.synthetic && a.model_dir.empty()) cli_fail("give --config C --synthetic, or --model DIR");
   const Roofline roof = measure_roofline();
   a.o.copy_gbps = roof.copy_gbps;
   a.o.bf16_tflops = roof.bf16_tflops;
@@ -49,18 +45,18 @@ void run(BenchModelArgs& a) {
   std::unique_ptr<Checkpoint> ck;
   std::unique_ptr<Qwen35Model> model;
   if (a.synthetic) {
-    if (a.config.empty()) fail("--synthetic needs --config FILE");
+    if (a.config.empty()) cli_fail("--synthetic needs --config FILE");
     auto cfg = load_model_config(a.config);
-    if (!cfg.ok()) fail(cfg.status().message());
+    if (!cfg.ok()) cli_fail(cfg.status().message());
     auto m = Qwen35Model::synthetic(cfg.value(), ops, /*with_mtp=*/false, a.w4a16, 1);
-    if (!m.ok()) fail(m.status().message());
+    if (!m.ok()) cli_fail(m.status().message());
     model = std::move(m.value());
   } else {
     auto c = Checkpoint::open(a.model_dir);
-    if (!c.ok()) fail(c.status().message());
+    if (!c.ok()) cli_fail(c.status().message());
     ck = std::move(c.value());
     auto m = Qwen35Model::load(*ck, ops);
-    if (!m.ok()) fail(m.status().message());
+    if (!m.ok()) cli_fail(m.status().message());
     model = std::move(m.value());
   }
   // Bytes a decode step streams: every weight but the embedding table (only B rows are read).

@@ -24,32 +24,7 @@ struct ModelArgs {
   int chunk = 0;
 };
 
-[[noreturn]] void fail(const std::string& message) {
-  std::fprintf(stderr, "error: %s\n", message.c_str());
-  throw CLI::RuntimeError(1);
-}
 
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t end = text.find(',', pos);
-    std::string tok = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(tok, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used == 0 || used != tok.size() || v < 0 || v > INT32_MAX)
-      fail("--ids: '" + tok + "' is not a non-negative integer (expected e.g. --ids 1,2,3)");
-    ids.push_back(static_cast<int32_t>(v));
-    if (end == std::string::npos) break;
-    pos = end + 1;
-  }
-  return ids;
-}
 
 #ifndef DS_DEFAULT_MODEL_DIR
 #define DS_DEFAULT_MODEL_DIR "models/qwen3_5-demo"
@@ -77,13 +52,13 @@ struct Loaded {
 Loaded load(const ModelArgs& a, int context) {
   Loaded l;
   auto ck = Checkpoint::open(a.model_dir);
-  if (!ck.ok()) fail(ck.status().message());
+  if (!ck.ok()) cli_fail(ck.status().message());
   l.ck = std::move(ck.value());
   auto ops = make_backend(a.device);
-  if (!ops.ok()) fail(ops.status().message());
+  if (!ops.ok()) cli_fail(ops.status().message());
   l.ops = std::move(ops.value());
   auto model = Qwen35Model::load(*l.ck, *l.ops);
-  if (!model.ok()) fail(model.status().message());
+  if (!model.ok()) cli_fail(model.status().message());
   l.model = std::move(model.value());
   RunnerOptions ro;
   ro.block_size = 16;
@@ -94,34 +69,36 @@ Loaded load(const ModelArgs& a, int context) {
 }
 
 void run_logits(const ModelArgs& a, const std::string& out_path) {
-  std::vector<int32_t> ids = parse_ids(a.ids_text);
+  std::vector<int32_t> ids = cli_parse_ids(a.ids_text);
+  if (ids.empty()) cli_fail("--ids: no token ids given");
   Loaded l = load(a, static_cast<int>(ids.size()));
   const int V = l.model->config().vocab_size;
   for (int32_t id : ids)
-    if (id >= V) fail("--ids: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    if (id >= V) cli_fail("--ids: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
   Sequence seq;
   seq.tokens = ids;
-  if (Status s = l.runner->admit(seq); !s.ok()) fail(s.message());
+  if (Status s = l.runner->admit(seq); !s.ok()) cli_fail(s.message());
   std::vector<float> logits;
   const int n = static_cast<int>(ids.size());
   while (seq.n_cached < n) {
     const int take = a.chunk > 0 ? std::min(a.chunk, n - seq.n_cached) : n - seq.n_cached;
     auto r = l.runner->step({SeqWork{&seq, take, true}});
-    if (!r.ok()) fail(r.status().message());
+    if (!r.ok()) cli_fail(r.status().message());
     logits.insert(logits.end(), r.value()[0].begin(), r.value()[0].end());
   }
-  if (Status s = write_npy_f32(out_path, logits.data(), {n, V}); !s.ok()) fail(s.message());
+  if (Status s = write_npy_f32(out_path, logits.data(), {n, V}); !s.ok()) cli_fail(s.message());
   std::printf("%s\n", out_path.c_str());
 }
 
 void run_generate(const ModelArgs& a, int max_tokens, bool ignore_eos) {
-  std::vector<int32_t> ids = parse_ids(a.ids_text);
-  if (max_tokens < 0) fail("--max-tokens must be >= 0");
+  std::vector<int32_t> ids = cli_parse_ids(a.ids_text);
+  if (ids.empty()) cli_fail("--ids: no token ids given");
+  if (max_tokens < 0) cli_fail("--max-tokens must be >= 0");
   Loaded l = load(a, static_cast<int>(ids.size()) + max_tokens);
   std::vector<int> stops = ignore_eos ? std::vector<int>{} : l.model->config().eos_token_ids;
   auto t0 = std::chrono::steady_clock::now();
   auto r = l.runner->generate_greedy(ids, max_tokens, a.chunk, stops);
-  if (!r.ok()) fail(r.status().message());
+  if (!r.ok()) cli_fail(r.status().message());
   double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   DS_LOG_INFO("generate", "%zu prompt + %zu generated tokens in %.3f s on %s", ids.size(), r.value().size(), sec,
               l.ops->name());

@@ -16,14 +16,10 @@ namespace ds {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& message) {
-  std::fprintf(stderr, "error: %s\n", message.c_str());
-  throw CLI::RuntimeError(1);
-}
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
-  if (!f) fail("cannot open " + path);
+  if (!f) cli_fail("cannot open " + path);
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
@@ -31,32 +27,10 @@ std::string read_text(const std::string& path) {
 
 std::shared_ptr<tok::Tokenizer> load(const std::string& dir) {
   auto t = tok::Tokenizer::load_dir(dir);
-  if (!t.ok()) fail(t.status().message());
+  if (!t.ok()) cli_fail(t.status().message());
   return t.value();
 }
 
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  if (text.empty()) return ids;
-  size_t pos = 0;
-  while (true) {
-    size_t end = text.find(',', pos);
-    std::string tok = text.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(tok, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used == 0 || used != tok.size() || v < 0 || v > INT32_MAX)
-      fail("--ids: '" + tok + "' is not a non-negative integer (expected e.g. --ids 1,2,3)");
-    ids.push_back(static_cast<int32_t>(v));
-    if (end == std::string::npos) break;
-    pos = end + 1;
-  }
-  return ids;
-}
 
 struct TokenizerArgs {
   std::string model_dir, text, file, ids, messages, tools, kwargs;
@@ -65,7 +39,7 @@ struct TokenizerArgs {
 
 nlohmann::ordered_json read_json_file(const std::string& path, const char* what) {
   auto j = nlohmann::ordered_json::parse(read_text(path), nullptr, false);
-  if (j.is_discarded()) fail(std::string(what) + " " + path + " is not valid JSON");
+  if (j.is_discarded()) cli_fail(std::string(what) + " " + path + " is not valid JSON");
   return j;
 }
 
@@ -80,11 +54,11 @@ void register_tokenizer_commands(CLI::App& app) {
   auto* file_opt = tk->add_option("--file", args->file, "file whose bytes are tokenized");
   text_opt->excludes(file_opt);
   tk->callback([args, text_opt, file_opt] {
-    if (!*text_opt && !*file_opt) fail("tokenize needs --text or --file");
+    if (!*text_opt && !*file_opt) cli_fail("tokenize needs --text or --file");
     std::string text = *text_opt ? args->text : read_text(args->file);
     auto t = load(args->model_dir);
     auto ids = t->encode(text);
-    if (!ids.ok()) fail(ids.status().message());
+    if (!ids.ok()) cli_fail(ids.status().message());
     std::string out = "[";
     for (size_t i = 0; i < ids->size(); ++i) {
       if (i) out += ",";
@@ -100,8 +74,8 @@ void register_tokenizer_commands(CLI::App& app) {
   dt->add_flag("--skip-special-tokens", args->skip_special, "drop special tokens such as <|im_end|>");
   dt->callback([args] {
     auto t = load(args->model_dir);
-    auto text = t->decode(parse_ids(args->ids), args->skip_special);
-    if (!text.ok()) fail(text.status().message());
+    auto text = t->decode(cli_parse_ids(args->ids), args->skip_special);
+    if (!text.ok()) cli_fail(text.status().message());
     std::fwrite(text->data(), 1, text->size(), stdout);
   });
 
@@ -113,9 +87,9 @@ void register_tokenizer_commands(CLI::App& app) {
   ct->add_flag("--add-generation-prompt", args->add_generation_prompt, "end with the assistant turn's opening");
   ct->callback([args] {
     auto t = load(args->model_dir);
-    if (t->chat_template().empty()) fail(args->model_dir + "/tokenizer_config.json has no chat_template");
+    if (t->chat_template().empty()) cli_fail(args->model_dir + "/tokenizer_config.json has no chat_template");
     auto tmpl = tok::ChatTemplate::parse(t->chat_template());
-    if (!tmpl.ok()) fail("chat_template: " + tmpl.status().message());
+    if (!tmpl.ok()) cli_fail("chat_template: " + tmpl.status().message());
     tok::ChatRequest req;
     req.messages = read_json_file(args->messages, "--messages");
     if (!args->tools.empty()) req.tools = read_json_file(args->tools, "--tools");
@@ -124,7 +98,7 @@ void register_tokenizer_commands(CLI::App& app) {
     req.bos_token = t->bos_token();
     req.eos_token = t->eos_token();
     auto out = tmpl->render(req);
-    if (!out.ok()) fail("chat_template: " + out.status().message());
+    if (!out.ok()) cli_fail("chat_template: " + out.status().message());
     std::fwrite(out->data(), 1, out->size(), stdout);
   });
 }

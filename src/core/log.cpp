@@ -39,25 +39,27 @@ void log_message(LogLevel level, const char* component, const char* fmt, ...) {
   std::fputc('\n', stderr);
 }
 
-void fatal_at(const char* file, int line, const char* func, const char* fmt, ...) {
-  std::fprintf(stderr, "FATAL %s %s:%d: ", func, file, line);
-  va_list ap;
-  va_start(ap, fmt);
+namespace {
+[[noreturn]] void vfatal(const char* fmt, va_list ap) {
   std::vfprintf(stderr, fmt, ap);
-  va_end(ap);
   std::fputc('\n', stderr);
   std::fflush(stderr);
   std::abort();
 }
+}  // namespace
+
+void fatal_at(const char* file, int line, const char* func, const char* fmt, ...) {
+  std::fprintf(stderr, "FATAL %s %s:%d: ", func, file, line);
+  va_list ap;
+  va_start(ap, fmt);
+  vfatal(fmt, ap);
+}
+
 void fatal_assert(const char* file, int line, const char* func, const char* cond, const char* fmt, ...) {
   std::fprintf(stderr, "FATAL %s %s:%d: assertion `%s` failed: ", func, file, line, cond);
   va_list ap;
   va_start(ap, fmt);
-  std::vfprintf(stderr, fmt, ap);
-  va_end(ap);
-  std::fputc('\n', stderr);
-  std::fflush(stderr);
-  std::abort();
+  vfatal(fmt, ap);
 }
 
 }  // namespace ds
