@@ -451,6 +451,16 @@ struct HttpServer::Impl {
     const size_t n_threads = static_cast<size_t>(o.max_num_seqs + o.max_waiting + 8);
     svr.new_task_queue = [n_threads] { return new httplib::ThreadPool(n_threads); };
     svr.set_payload_max_length(o.max_body_bytes);
+    // `curl -d` sends JSON labelled as a form, which cpp-httplib would parse as one and cap
+    // at 8 KB (413). The API only takes JSON bodies, so relabel them before the body is read.
+    svr.set_pre_routing_handler([](const httplib::Request& q, httplib::Response&) {
+      if (q.method == "POST" && q.get_header_value("Content-Type") == "application/x-www-form-urlencoded") {
+        auto& headers = const_cast<httplib::Request&>(q).headers;  // the server's own non-const Request
+        headers.erase("Content-Type");
+        headers.emplace("Content-Type", "application/json");
+      }
+      return httplib::Server::HandlerResponse::Unhandled;
+    });
     svr.set_read_timeout(30, 0);
     svr.set_write_timeout(30, 0);
     svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& r) { generate(q, r, true); });

@@ -2,6 +2,7 @@
 // template, tokenization and the context limit, each failure a clear 4xx.
 #include "server/openai_api.h"
 
+#include <algorithm>
 #include <chrono>
 #include <variant>
 
@@ -164,7 +165,34 @@ std::optional<ApiError> flatten_content(ojson& msg, size_t i) {
   return std::nullopt;
 }
 
+// Deepest [ / { nesting outside strings. Copying or rendering a JSON value recurses, so a
+// body nested thousands deep would overflow the stack: it is refused before parsing.
+int json_depth(const std::string& body) {
+  int depth = 0, deepest = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+constexpr int kMaxJsonDepth = 64;
+
 json parse_json(const std::string& body, std::optional<ApiError>& err) {
+  if (json_depth(body) > kMaxJsonDepth) {
+    err = bad("", "The request body nests JSON deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return json();
+  }
   json j = json::parse(body, nullptr, false);
   if (j.is_discarded())
     err = bad("", "The request body is not valid JSON (or not valid UTF-8)");

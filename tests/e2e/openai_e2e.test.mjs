@@ -158,6 +158,12 @@ test('bad input: clear 4xx with an OpenAI error body', async () => {
     body: Buffer.concat([Buffer.from(`{"model": "${MODEL}", "prompt": "ab`), Buffer.from([0xff, 0xfe]), Buffer.from('"}')]) });
   assert.equal(utf8.status, 400);
   assert.ok((await utf8.json()).error.message);
+  const deep = await rawPost(BASE_URL, '/v1/completions', `{"model": "${MODEL}", "prompt": ${'['.repeat(100000)}${']'.repeat(100000)}}`);
+  assert.equal(deep.status, 400);
+  assert.match(deep.json.error.message, /nests/);
+  const form = await fetch(`${BASE_URL}/v1/completions`, { method: 'POST', headers: { 'Content-Type': 'application/x-www-form-urlencoded' },
+    body: JSON.stringify({ model: MODEL, prompt: [1, 2, 3], max_tokens: 1, user: 'x'.repeat(9000) }) });  // curl -d without a content type
+  assert.equal(form.status, 200);
   await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), temperature: 'hot' }), 400, 'temperature');
   await expectApiError(client.chat.completions.create({ ...greedy, messages: 'hi' }), 400, 'messages');
   await expectApiError(client.chat.completions.create({ ...greedy, messages: [{ role: 'user', content: 5 }] }), 400, 'messages');
