@@ -183,6 +183,33 @@ test('bad input: clear 4xx with an OpenAI error body', async () => {
   assert.equal(ok.choices.length, 1);
 });
 
+test('fuzzed request bodies never crash the server or get a 5xx', async () => {
+  let seed = 12345;
+  const rnd = () => ((seed = (seed * 1103515245 + 12345) % 2147483648) / 2147483648);
+  const pick = (a) => a[Math.floor(rnd() * a.length)];
+  const vals = [null, true, false, 0, -1, 1.5, 1e300, '', 'x', '<think>', '<tool_call>', [], {}, [1], { a: 1 }, [[1]], 2 ** 63, -(2 ** 63), '\u0000'];
+  const fields = ['model', 'messages', 'prompt', 'max_tokens', 'temperature', 'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stream',
+    'stream_options', 'logprobs', 'top_logprobs', 'tools', 'tool_choice', 'chat_template_kwargs', 'n', 'logit_bias', 'stop_token_ids',
+    'presence_penalty', 'repetition_penalty', 'ignore_eos', 'max_completion_tokens', 'response_format', 'echo', 'min_tokens'];
+  for (let i = 0; i < 200; i++) {
+    const chat = rnd() < 0.5;
+    const body = chat ? { model: MODEL, messages: user('hi'), max_tokens: 3 } : { model: MODEL, prompt: [1, 2, 3], max_tokens: 3 };
+    for (let k = 1 + Math.floor(rnd() * 3); k > 0; k--) body[pick(fields)] = pick(vals);
+    if (chat && rnd() < 0.4) {
+      const m = { role: pick(['user', 'assistant', 'tool', 'system', 'x', 3]), content: pick(vals) };
+      if (rnd() < 0.5) m.tool_calls = pick([[{ function: { name: 'f', arguments: pick(vals) } }], 1.5, [{}]]);
+      body.messages = [m];
+    }
+    let text = JSON.stringify(body);
+    if (rnd() < 0.1) text = text.slice(0, Math.floor(rnd() * text.length));
+    const r = await fetch(`${BASE_URL}${chat ? '/v1/chat/completions' : '/v1/completions'}`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: text });
+    const raw = await r.text();
+    assert.ok(r.status < 500, `HTTP ${r.status} for ${text.slice(0, 200)}: ${raw.slice(0, 200)}`);
+    if (r.status >= 400) assert.ok(JSON.parse(raw).error.message, raw);
+  }
+  assert.equal((await fetch(`${BASE_URL}/health`)).status, 200);
+});
+
 test('a client disconnect mid-stream frees its slot (metrics)', async () => {
   const cancelledBefore = await metric('deltaserve_requests_finished_total{reason="cancelled"}');
   const ac = new AbortController();
