@@ -23,10 +23,6 @@ void on_signal(int) {
   if (g_server) g_server->stop();
 }
 
-[[noreturn]] void fail(const std::string& message) {
-  std::fprintf(stderr, "error: %s\n", message.c_str());
-  throw CLI::RuntimeError(1);
-}
 
 // --model, else env DS_MODEL, else the bundled demo model.
 std::string resolve_model_dir(const std::string& given) {
@@ -38,19 +34,19 @@ std::string resolve_model_dir(const std::string& given) {
   const std::string dir = "models/qwen3_5-demo";
 #endif
   if (!std::filesystem::exists(dir + "/config.json"))
-    fail("no --model given and the bundled demo model is not at " + dir +
+    cli_fail("no --model given and the bundled demo model is not at " + dir +
          " (it is being trained; pass --model DIR or set DS_MODEL)");
   return dir;
 }
 
 void run_serve(server::ServeOptions o) {
   o.model_dir = resolve_model_dir(o.model_dir);
-  if (o.max_num_seqs < 1) fail("--max-num-seqs must be at least 1");
-  if (o.max_step_tokens < 1) fail("--max-step-tokens must be at least 1");
+  if (o.max_num_seqs < 1) cli_fail("--max-num-seqs must be at least 1");
+  if (o.max_step_tokens < 1) cli_fail("--max-step-tokens must be at least 1");
   auto model = server::ServedModel::load(o);
-  if (!model.ok()) fail(model.status().message());
+  if (!model.ok()) cli_fail(model.status().message());
   server::HttpServer http(*model.value(), o);
-  if (Status s = http.bind(); !s.ok()) fail(s.message());
+  if (Status s = http.bind(); !s.ok()) cli_fail(s.message());
   g_server = &http;
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
