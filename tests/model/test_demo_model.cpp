@@ -119,27 +119,8 @@ TEST(DemoModel, MtpLogitsMatchReference) {
   ASSERT_TRUE(e.model->has_mtp());
   std::vector<float> ours;
   for (const auto& s : ref.seqs) {
-    const int n = static_cast<int>(s.prompt_ids.size());
-    Sequence seq;
-    seq.tokens = s.prompt_ids;
-    ASSERT_TRUE(e.runner->admit(seq).ok());
-    auto plan = e.runner->plan_step({SeqWork{&seq, n, false}});
-    ASSERT_TRUE(plan.ok());
-    e.ops->reset_scratch();
-    Tensor hidden;
-    e.model->forward(plan.value(), &hidden);
-    // MTP slot i: token ids[i+1], final-normed hidden of row i, position i.
-    StepPlan mtp = plan.value();
-    mtp.token_ids.assign(s.prompt_ids.begin() + 1, s.prompt_ids.end());
-    mtp.positions.resize(n - 1);
-    mtp.cu_seqlens = {0, n - 1};
-    mtp.logit_rows.clear();
-    for (int r : s.mtp_rows) mtp.logit_rows.push_back(r);
-    Tensor logits = e.model->forward_mtp(mtp, hidden.rows(0, n - 1));
-    std::vector<float> rows(logits.numel());
-    e.ops->download_f32(logits, rows.data());
+    const std::vector<float> rows = mtp_prompt_logits(e, s.prompt_ids, s.mtp_rows);
     ours.insert(ours.end(), rows.begin(), rows.end());
-    e.runner->release(seq);
   }
   const double err = max_err_over_std(ours, ref.mtp_logits.data);
   RecordProperty("max_err_over_std", std::to_string(err));

@@ -41,26 +41,9 @@ TEST_P(Parity, MtpLogitsMatchReference) {
     GTEST_SKIP() << GetParam() << " has no MTP head";
   }
   ASSERT_TRUE(e.model->has_mtp());
-  const int n = static_cast<int>(ref.prompt_ids.size());
-  // Main model over the prompt, keeping the final-normed hidden of every row.
-  Sequence seq;
-  seq.tokens = ref.prompt_ids;
-  ASSERT_TRUE(e.runner->admit(seq).ok());
-  auto plan = e.runner->plan_step({SeqWork{&seq, n, false}});
-  ASSERT_TRUE(plan.ok());
-  e.ops->reset_scratch();
-  Tensor hidden;
-  e.model->forward(plan.value(), &hidden);
-  // MTP slot i: token ids[i+1], hidden of row i, position i.
-  StepPlan mtp = plan.value();
-  mtp.token_ids.assign(ref.prompt_ids.begin() + 1, ref.prompt_ids.end());
-  mtp.positions.resize(n - 1);
-  mtp.cu_seqlens = {0, n - 1};
-  mtp.logit_rows.clear();
-  for (int i = 0; i < n - 1; ++i) mtp.logit_rows.push_back(i);
-  Tensor logits = e.model->forward_mtp(mtp, hidden.rows(0, n - 1));
-  std::vector<float> ours(logits.numel());
-  e.ops->download_f32(logits, ours.data());
+  std::vector<int> rows(ref.prompt_ids.size() - 1);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int>(i);
+  const std::vector<float> ours = mtp_prompt_logits(e, ref.prompt_ids, rows);
   const double err = max_err_over_std(ours, ref.mtp_logits.data);
   RecordProperty("max_err_over_std", std::to_string(err));
   EXPECT_LE(err, 1e-4) << GetParam();
