@@ -29,10 +29,7 @@ void register_bench_commands(CLI::App& app) {
   s->add_option("--out", *out, "also write the JSON report here");
   s->callback([o, out] {
     auto r = server::bench_serve(*o);
-    if (!r.ok()) {
-      std::fprintf(stderr, "error: %s\n", r.status().message().c_str());
-      throw CLI::RuntimeError(1);
-    }
+    if (!r.ok()) cli_fail(r.status().message());
     std::printf("%s\n", r.value().c_str());
     if (!out->empty()) std::ofstream(*out) << r.value() << "\n";
   });
