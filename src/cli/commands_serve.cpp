@@ -1,6 +1,6 @@
-// `serve`: loads a model folder (default: the bundled demo model) and runs the
-// OpenAI-compatible HTTP server until SIGINT/SIGTERM. (`serve --config C --synthetic`, random
-// weights of a real shape for GPU benchmarks, is a later issue's work.)
+// `serve`: loads a model folder (default: the bundled demo model), or random weights of a
+// config's shapes (`--config C --synthetic`, for benchmarks with token-id prompts), and runs the
+// OpenAI-compatible HTTP server until SIGINT/SIGTERM.
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -39,8 +39,15 @@ std::string resolve_model_dir(const std::string& given) {
   return dir;
 }
 
-void run_serve(server::ServeOptions o) {
-  o.model_dir = resolve_model_dir(o.model_dir);
+void run_serve(server::ServeOptions o, const std::string& config, bool synthetic) {
+  if (synthetic) {
+    if (config.empty()) cli_fail("--synthetic needs --config FILE (the shapes to draw random weights for)");
+    if (!o.model_dir.empty()) cli_fail("give either --model or --config with --synthetic, not both");
+    o.synthetic_config = config;
+  } else {
+    if (!config.empty()) cli_fail("--config is used with --synthetic");
+    o.model_dir = resolve_model_dir(o.model_dir);
+  }
   if (o.max_num_seqs < 1) cli_fail("--max-num-seqs must be at least 1");
   if (o.max_step_tokens < 1) cli_fail("--max-step-tokens must be at least 1");
   auto model = server::ServedModel::load(o);
@@ -78,7 +85,13 @@ void register_serve_commands(CLI::App& app) {
   s->add_option("--max-waiting", o->max_waiting, "queued requests before 429")->capture_default_str();
   s->add_option("--max-body-bytes", o->max_body_bytes, "request body size limit")->capture_default_str();
   s->add_option("--request-timeout", o->request_timeout_s, "per-request deadline in seconds")->capture_default_str();
-  s->callback([o] { run_serve(*o); });
+  auto config = std::make_shared<std::string>();
+  auto synthetic = std::make_shared<bool>(false);
+  s->add_option("--config", *config, "config.json whose shapes get random weights (with --synthetic)");
+  s->add_flag("--synthetic", *synthetic,
+              "serve random weights (token-id prompts; a stand-in tokenizer writes id N as \"<tN>\")");
+  s->add_flag("--w4a16", o->synthetic_w4a16, "with --synthetic: W4A16 linears (GPU)");
+  s->callback([o, config, synthetic] { run_serve(*o, *config, *synthetic); });
 }
 
 }  // namespace ds

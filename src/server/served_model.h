@@ -17,6 +17,8 @@ namespace ds::server {
 
 struct ServeOptions {
   std::string model_dir;
+  std::string synthetic_config;   // non-empty: random weights of this config.json's shapes, no folder
+  bool synthetic_w4a16 = false;   // synthetic linears as W4A16 (GPU backends)
   std::string served_model_name;  // default: the folder's name
   std::string device = "auto";
   std::string host = "127.0.0.1";
@@ -50,7 +52,9 @@ struct ServedModel {
   GenerationDefaults defaults;
   int64_t created = 0;  // unix seconds at load
 
-  // Loads and starts the engine thread.
+  // Loads (or, with synthetic_config, draws random weights) and starts the engine thread.
+  // A synthetic model has a stand-in tokenizer: ids below 256 are bytes, id N above is the
+  // text "<tN>"; it has no chat template (clients send token-id prompts).
   static Result<std::unique_ptr<ServedModel>> load(const ServeOptions& o);
   ~ServedModel();
 };

@@ -221,3 +221,47 @@ TEST(HttpServer, ClientGivingUpOnANonStreamedRequestFreesTheSlot) {
 
 }  // namespace
 }  // namespace ds::server
+
+namespace ds::server {
+namespace {
+
+// `serve --config C --synthetic`: random weights of a config's shapes behind the same API; a
+// token-id completion answers with the stand-in tokenizer's "<tN>" text, a chat request is a
+// clear 400 (no chat template), and the same seed draws the same model (same greedy text).
+TEST(HttpServer, SyntheticModelServesTokenIdPrompts) {
+  ServeOptions o;
+  o.synthetic_config = std::string(DS_TEST_DATA_DIR) + "/tiny_wrapper_long/config.json";
+  o.device = "cpu";
+  o.port = 0;
+  o.max_num_seqs = 2;
+  o.max_model_len = 256;
+  std::string texts[2];
+  for (std::string& text : texts) {
+    auto m = ServedModel::load(o);
+    ASSERT_TRUE(m.ok()) << m.status().message();
+    EXPECT_EQ(m.value()->name, "synthetic-config");
+    HttpServer http(*m.value(), o);
+    ASSERT_TRUE(http.bind().ok());
+    std::thread t([&] { http.run(); });
+    httplib::Client c("127.0.0.1", http.port());
+    c.set_read_timeout(60, 0);
+    json body = {{"model", m.value()->name}, {"prompt", std::vector<int>{5, 300, 17, 351}}, {"max_tokens", 6},
+                 {"temperature", 0}, {"ignore_eos", true}};
+    auto r = c.Post("/v1/completions", body.dump(), "application/json");
+    ASSERT_TRUE(r && r->status == 200) << (r ? r->body : "no response");
+    json j = json::parse(r->body);
+    text = j["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(j["usage"]["completion_tokens"], 6);
+    json chat = {{"model", m.value()->name}, {"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}};
+    auto rc = c.Post("/v1/chat/completions", chat.dump(), "application/json");
+    ASSERT_TRUE(rc);
+    EXPECT_EQ(rc->status, 400) << rc->body;
+    http.stop();
+    t.join();
+  }
+  EXPECT_FALSE(texts[0].empty());
+  EXPECT_EQ(texts[0], texts[1]);
+}
+
+}  // namespace
+}  // namespace ds::server
