@@ -55,6 +55,10 @@ class Ops {
   virtual void download_f32(Tensor src, float* host) = 0;
   // Allocates the KV and GDN state pools once (contents start as zeros).
   virtual void alloc_caches(const CacheGeometry& geometry) = 0;
+  // Bytes alloc_caches(geometry) takes on this backend (linear in n_blocks and n_slots).
+  virtual size_t cache_bytes_for(const CacheGeometry& geometry) const = 0;
+  // Bytes held now: weights, the scratch arena and caches allocated so far.
+  virtual size_t bytes_in_use() const = 0;
 
   // --- step ---
   // Makes `plan` the current step; the ops below read its token ids, positions, sequence

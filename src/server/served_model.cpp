@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "engine/backend_factory.h"
+#include "engine/memory_plan.h"
 
 namespace ds::server {
 
@@ -132,6 +133,11 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeOptions& o) {
   ro.n_slots = o.max_num_seqs;
   const int blocks_per_ctx = (max_len + o.block_size - 1) / o.block_size;
   ro.n_blocks = o.kv_blocks > 0 ? o.kv_blocks : std::max(blocks_per_ctx, o.max_num_seqs * blocks_per_ctx / 4);
+  if (o.gpu_memory_gib > 0 && o.kv_blocks > 0) return invalid_argument("give --gpu-memory or --kv-blocks, not both");
+  DS_ASSIGN_OR_RETURN(MemoryPlan plan, plan_memory(*m->ops, m->model->cache_geometry(ro.n_blocks, ro.block_size, ro.n_slots),
+                                                   o.gpu_memory_gib * 1024.0 * 1024.0 * 1024.0, blocks_per_ctx));
+  ro.n_blocks = plan.geometry.n_blocks;
+  DS_LOG_INFO("serve", "%s", plan.report().c_str());
   if (ro.n_blocks < blocks_per_ctx)
     return invalid_argument("--kv-blocks " + std::to_string(ro.n_blocks) + " cannot hold one context of " +
                             std::to_string(max_len) + " tokens (" + std::to_string(blocks_per_ctx) + " blocks)");

@@ -36,6 +36,7 @@ Tensor CpuOps::alloc_owned(std::vector<std::unique_ptr<float[]>>& owner, DType d
   size_t n_floats = (t.nbytes() + 3) / 4;
   owner.emplace_back(new float[std::max<size_t>(n_floats, 1)]());
   t.data = owner.back().get();
+  if (&owner == &weights_) weight_bytes_ += n_floats * sizeof(float);
   return t;
 }
 
@@ -60,6 +61,13 @@ Tensor CpuOps::scratch(DType dtype, std::initializer_list<int64_t> shape) { retu
 
 void CpuOps::download_f32(Tensor src, float* host) {
   convert_to_f32(src.dtype, src.data, host, static_cast<size_t>(src.numel()));
+}
+
+size_t CpuOps::cache_bytes_for(const CacheGeometry& g) const {
+  const size_t kv = size_t(g.n_kv_layers) * g.n_blocks * g.block_size * g.n_kv_heads * g.head_dim;
+  const size_t conv = size_t(g.n_state_layers) * g.n_slots * g.conv_rows * g.conv_dim;
+  const size_t rec = size_t(g.n_state_layers) * g.n_slots * g.n_v_heads * g.k_head_dim * g.v_head_dim;
+  return (2 * kv + conv + rec) * sizeof(float);
 }
 
 void CpuOps::alloc_caches(const CacheGeometry& g) {

@@ -35,6 +35,8 @@ class CpuOps final : public Ops {
   void synchronize() override {}
   void download_f32(Tensor src, float* host) override;
   void alloc_caches(const CacheGeometry& geometry) override;
+  size_t cache_bytes_for(const CacheGeometry& g) const override;
+  size_t bytes_in_use() const override { return weight_bytes_ + cache_bytes_for(geo_); }
 
   void begin_step(const StepPlan& plan) override;
   void embedding(Tensor table, Tensor out) override;
@@ -62,6 +64,7 @@ class CpuOps final : public Ops {
   bool bf16_act_ = false;
   GdnMode gdn_mode_ = GdnMode::kAuto;
   std::vector<std::unique_ptr<float[]>> weights_;  // persistent uploads (fp32-aligned storage)
+  size_t weight_bytes_ = 0;
   std::vector<std::unique_ptr<float[]>> scratch_;
   CacheGeometry geo_;
   std::vector<float> k_cache_, v_cache_;           // f32 [n_kv_layers, n_blocks, block_size, n_kv_heads, head_dim]

@@ -136,12 +136,19 @@ void CudaOps::download_f32(Tensor src, float* host) {
   convert_to_f32(src.dtype, raw.data(), host, n);
 }
 
-void CudaOps::alloc_caches(const CacheGeometry& g) {
-  geo_ = g;
+size_t CudaOps::cache_bytes_for(const CacheGeometry& g) const {
   const size_t kv = size_t(g.n_kv_layers) * g.n_blocks * g.block_size * g.n_kv_heads * g.head_dim * sizeof(bf16);
   const size_t conv = size_t(g.n_state_layers) * g.n_slots * g.conv_rows * g.conv_dim * sizeof(bf16);
   const size_t rec = size_t(g.n_state_layers) * g.n_slots * g.n_v_heads * g.k_head_dim * g.v_head_dim *
                      state_elem_size(options_.state_dtype);
+  return 2 * kv + conv + rec;
+}
+
+void CudaOps::alloc_caches(const CacheGeometry& g) {
+  geo_ = g;
+  const size_t kv = size_t(g.n_kv_layers) * g.n_blocks * g.block_size * g.n_kv_heads * g.head_dim * sizeof(bf16);
+  const size_t conv = size_t(g.n_state_layers) * g.n_slots * g.conv_rows * g.conv_dim * sizeof(bf16);
+  const size_t rec = cache_bytes_for(g) - 2 * kv - conv;
   impl_->k_cache = static_cast<bf16*>(impl_->alloc(kv));
   impl_->v_cache = static_cast<bf16*>(impl_->alloc(kv));
   impl_->conv_states = static_cast<bf16*>(impl_->alloc(conv));

@@ -40,6 +40,8 @@ class CudaOps final : public Ops {
   void synchronize() override;
   void download_f32(Tensor src, float* host) override;
   void alloc_caches(const CacheGeometry& geometry) override;
+  size_t cache_bytes_for(const CacheGeometry& g) const override;
+  size_t bytes_in_use() const override { return weight_bytes_ + options_.scratch_bytes + cache_bytes_; }
 
   void begin_step(const StepPlan& plan) override;
   void embedding(Tensor table, Tensor out) override;
