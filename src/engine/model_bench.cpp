@@ -50,10 +50,6 @@ double layer_linear_params(const ModelConfig& c) {
 
 }  // namespace
 
-double decode_weight_bytes(const ModelConfig& c, int bytes_per_weight) {
-  return (layer_linear_params(c) + double(c.vocab_size) * c.hidden_size) * bytes_per_weight;
-}
-
 CacheGeometry model_bench_geometry(const Qwen35Model& model, const ModelBenchOptions& o) {
   int max_tokens = o.verify_context + 64;
   int max_batch = 1;
@@ -71,7 +67,8 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
   const ModelConfig& c = model.config();
   std::mt19937 rng(1234);
   std::vector<BenchRow> rows;
-  const double w_bytes = o.weight_bytes > 0 ? o.weight_bytes : decode_weight_bytes(c, 2);
+  DS_ASSERT(o.weight_bytes > 0, "ModelBenchOptions::weight_bytes must be set");
+  const double w_bytes = o.weight_bytes;
   const double kv_bytes_per_token = 2.0 * c.n_full_attention_layers() * c.num_key_value_heads * c.head_dim * 2;
   const double state_bytes_per_seq = 2.0 * c.n_linear_attention_layers() * c.linear_num_value_heads *
                                      c.linear_key_head_dim * c.linear_value_head_dim * o.state_bytes;

@@ -23,7 +23,7 @@ struct ModelBenchOptions {
   int prefill_chunk = 4096;
   int reps = 10;
   int state_bytes = 2;       // bytes per GDN state element (fp16 default)
-  double weight_bytes = 0;   // weight bytes one decode step reads (0: bf16 linears + lm_head)
+  double weight_bytes = 0;   // weight bytes one decode step reads (the caller measures them)
   double copy_gbps = 0;      // measured ceilings (0: not measured, no roofline)
   double bf16_tflops = 0;
 };
@@ -41,7 +41,5 @@ struct BenchRow {
 CacheGeometry model_bench_geometry(const Qwen35Model& model, const ModelBenchOptions& o);
 // Runs the sweep; the caller has called ops.alloc_caches(model_bench_geometry(...)).
 std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelBenchOptions& o);
-// Bytes of weights one decode step streams (every linear and the lm_head; not the embedding).
-double decode_weight_bytes(const ModelConfig& c, int bytes_per_weight);
 
 }  // namespace ds

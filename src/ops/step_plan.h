@@ -3,6 +3,7 @@
 // range, KV blocks and GDN state slot. Plain data, no device memory.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -38,6 +39,11 @@ struct CacheGeometry {
   int conv_rows = 0;       // linear_conv_kernel_dim - 1
   int conv_dim = 0;        // 2*Hk*dk + Hv*dv
   int n_v_heads = 0, k_head_dim = 0, v_head_dim = 0;
+
+  // Elements of each pool (backends multiply by their element sizes).
+  size_t kv_elems() const { return size_t(n_kv_layers) * n_blocks * block_size * n_kv_heads * head_dim; }  // K or V
+  size_t conv_elems() const { return size_t(n_state_layers) * n_slots * conv_rows * conv_dim; }
+  size_t rec_elems() const { return size_t(n_state_layers) * n_slots * n_v_heads * k_head_dim * v_head_dim; }
 };
 
 }  // namespace ds

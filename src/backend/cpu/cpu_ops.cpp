@@ -64,19 +64,15 @@ void CpuOps::download_f32(Tensor src, float* host) {
 }
 
 size_t CpuOps::cache_bytes_for(const CacheGeometry& g) const {
-  const size_t kv = size_t(g.n_kv_layers) * g.n_blocks * g.block_size * g.n_kv_heads * g.head_dim;
-  const size_t conv = size_t(g.n_state_layers) * g.n_slots * g.conv_rows * g.conv_dim;
-  const size_t rec = size_t(g.n_state_layers) * g.n_slots * g.n_v_heads * g.k_head_dim * g.v_head_dim;
-  return (2 * kv + conv + rec) * sizeof(float);
+  return (2 * g.kv_elems() + g.conv_elems() + g.rec_elems()) * sizeof(float);
 }
 
 void CpuOps::alloc_caches(const CacheGeometry& g) {
   geo_ = g;
-  size_t kv = size_t(g.n_kv_layers) * g.n_blocks * g.block_size * g.n_kv_heads * g.head_dim;
-  k_cache_.assign(kv, 0.f);
-  v_cache_.assign(kv, 0.f);
-  conv_states_.assign(size_t(g.n_state_layers) * g.n_slots * g.conv_rows * g.conv_dim, 0.f);
-  rec_states_.assign(size_t(g.n_state_layers) * g.n_slots * g.n_v_heads * g.k_head_dim * g.v_head_dim, 0.f);
+  k_cache_.assign(g.kv_elems(), 0.f);
+  v_cache_.assign(g.kv_elems(), 0.f);
+  conv_states_.assign(g.conv_elems(), 0.f);
+  rec_states_.assign(g.rec_elems(), 0.f);
 }
 
 float* CpuOps::conv_state(int layer, int slot) {

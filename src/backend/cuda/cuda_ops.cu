@@ -137,18 +137,14 @@ void CudaOps::download_f32(Tensor src, float* host) {
 }
 
 size_t CudaOps::cache_bytes_for(const CacheGeometry& g) const {
-  const size_t kv = size_t(g.n_kv_layers) * g.n_blocks * g.block_size * g.n_kv_heads * g.head_dim * sizeof(bf16);
-  const size_t conv = size_t(g.n_state_layers) * g.n_slots * g.conv_rows * g.conv_dim * sizeof(bf16);
-  const size_t rec = size_t(g.n_state_layers) * g.n_slots * g.n_v_heads * g.k_head_dim * g.v_head_dim *
-                     state_elem_size(options_.state_dtype);
-  return 2 * kv + conv + rec;
+  return (2 * g.kv_elems() + g.conv_elems()) * sizeof(bf16) + g.rec_elems() * state_elem_size(options_.state_dtype);
 }
 
 void CudaOps::alloc_caches(const CacheGeometry& g) {
   geo_ = g;
-  const size_t kv = size_t(g.n_kv_layers) * g.n_blocks * g.block_size * g.n_kv_heads * g.head_dim * sizeof(bf16);
-  const size_t conv = size_t(g.n_state_layers) * g.n_slots * g.conv_rows * g.conv_dim * sizeof(bf16);
-  const size_t rec = cache_bytes_for(g) - 2 * kv - conv;
+  const size_t kv = g.kv_elems() * sizeof(bf16);
+  const size_t conv = g.conv_elems() * sizeof(bf16);
+  const size_t rec = g.rec_elems() * state_elem_size(options_.state_dtype);
   impl_->k_cache = static_cast<bf16*>(impl_->alloc(kv));
   impl_->v_cache = static_cast<bf16*>(impl_->alloc(kv));
   impl_->conv_states = static_cast<bf16*>(impl_->alloc(conv));
@@ -165,8 +161,14 @@ void CudaOps::begin_step(const StepPlan& plan) {
   check_step_plan(plan);
   plan_ = plan;
   std::vector<int32_t> seq_of_token(plan.n_tokens());  // i32 [n_tokens]
-  for (int s = 0; s < plan.n_seqs(); ++s)
+  max_chunk_ = 0;
+  max_ctx_ = 1;
+  for (int s = 0; s < plan.n_seqs(); ++s) {
     for (int t = plan.cu_seqlens[s]; t < plan.cu_seqlens[s + 1]; ++t) seq_of_token[t] = s;
+    const int chunk = plan.cu_seqlens[s + 1] - plan.cu_seqlens[s];
+    max_chunk_ = std::max(max_chunk_, chunk);
+    max_ctx_ = std::max(max_ctx_, plan.n_past[s] + chunk);
+  }
   // One host buffer, one copy: [ids | positions | cu_seqlens | n_past | slots | tables | rows | seq_of_token]
   std::vector<int32_t> packed;
   std::vector<size_t> offsets;
@@ -308,11 +310,9 @@ void CudaOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape
             "GDN geometry");
   const size_t per_layer = size_t(geo_.n_slots) * sh.n_v_heads * sh.k_head_dim * sh.v_head_dim;
   void* state = static_cast<char*>(impl_->rec_states) + layer * per_layer * state_elem_size(options_.state_dtype);
-  int max_chunk = 0;
-  for (int s = 0; s < plan_.n_seqs(); ++s) max_chunk = std::max(max_chunk, plan_.cu_seqlens[s + 1] - plan_.cu_seqlens[s]);
   cuda::launch_gdn_recurrent(B(qkv), F(g), F(beta), state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
-                             sh.v_head_dim, /*split_columns=*/max_chunk <= 16, impl_->stream);
+                             sh.v_head_dim, /*split_columns=*/max_chunk_ <= 16, impl_->stream);
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {
@@ -325,13 +325,10 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   bf16* vc = impl_->v_cache + kv_layer * layer_elems;
   cuda::launch_kv_append(B(k), B(v), kc, vc, impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
                          impl_->block_tables, plan_.max_blocks, T, nKV, hd, geo_.block_size, impl_->stream);
-  int max_ctx = 1;
-  for (int s = 0; s < plan_.n_seqs(); ++s)
-    max_ctx = std::max(max_ctx, plan_.n_past[s] + plan_.cu_seqlens[s + 1] - plan_.cu_seqlens[s]);
   const size_t budget = (options_.scratch_bytes - scratch_used_) / 4;  // leave room for the rest of the layer
-  const int n_splits = cuda::attention_splits(T, nH, hd, max_ctx, budget);
+  const int n_splits = cuda::attention_splits(T, nH, hd, max_ctx_, budget);
   float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
-  cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, max_ctx, impl_->seq_of_token, impl_->cu_seqlens,
+  cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, max_ctx_, impl_->seq_of_token, impl_->cu_seqlens,
                          impl_->n_past, impl_->block_tables, plan_.max_blocks, T, nH, nKV, hd, geo_.block_size, scale,
                          impl_->stream);
 }

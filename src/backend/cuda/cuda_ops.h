@@ -71,6 +71,8 @@ class CudaOps final : public Ops {
   CudaOpsOptions options_;
   CacheGeometry geo_;
   StepPlan plan_;                  // host copy of the current step
+  int max_chunk_ = 0;              // most new tokens of one sequence in the step
+  int max_ctx_ = 1;                // longest context (cached + new) of one sequence in the step
   size_t scratch_used_ = 0;
   size_t weight_bytes_ = 0, cache_bytes_ = 0;
 };
