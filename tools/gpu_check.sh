@@ -22,13 +22,7 @@ fi
 
 OUT="${OUT:-/tmp/gpu_check}"
 mkdir -p "$OUT"
-# cuBLAS 13 from the toolkit or from the pip wheels that PyTorch brings.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__file__))' 2>/dev/null); do
-  lib=$(find "$d" -name 'libcublas.so.13*' 2>/dev/null | head -1)
-  [ -n "$lib" ] && export LD_LIBRARY_PATH="$(dirname "$lib"):${LD_LIBRARY_PATH:-}" && break
-done
-export LD_LIBRARY_PATH="${LD_LIBRARY_PATH}:$PWD/.devbuild/lib"
-export DS_TEST_DATA_DIR="$PWD/tests/data"
+source tools/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 
 status=0

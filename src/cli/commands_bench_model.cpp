@@ -23,6 +23,7 @@ struct BenchModelArgs {
   std::string config, model_dir, json_out;
   bool synthetic = false;
   bool w4a16 = false;
+  bool profile = false;
   ModelBenchOptions o;
 };
 
@@ -64,6 +65,7 @@ void run(BenchModelArgs& a) {
   a.o.weight_bytes = double(ops.weight_bytes()) - 2.0 * mc.vocab_size * mc.hidden_size;
   ops.alloc_caches(model_bench_geometry(*model, a.o));
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
+  if (a.profile) cuda_profiler_start();
   std::vector<BenchRow> rows = run_model_bench(*model, ops, a.o);
 
   std::printf("# ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s; weights %s, %.2f GB on the GPU, %.2f GB read per "
@@ -99,9 +101,10 @@ void register_bench_model_command(CLI::App& bench) {
   m->add_flag("--w4a16", a->w4a16, "synthetic linears as W4A16 group 128 (lm_head, in_proj_a/b stay bf16)");
   m->add_option("--batches", a->o.decode_batches, "decode batch sizes")->delimiter(',')->capture_default_str();
   m->add_option("--contexts", a->o.decode_contexts, "decode context depths")->delimiter(',')->capture_default_str();
-  m->add_option("--verify", a->o.verify_tokens, "verify block sizes (batch 1)")->delimiter(',')->capture_default_str();
-  m->add_option("--prefill", a->o.prefill_lengths, "prefill lengths")->delimiter(',')->capture_default_str();
+  m->add_option("--verify", a->o.verify_tokens, "verify block sizes (batch 1; 0: none)")->delimiter(',')->capture_default_str();
+  m->add_option("--prefill", a->o.prefill_lengths, "prefill lengths (0: none)")->delimiter(',')->capture_default_str();
   m->add_option("--reps", a->o.reps, "timed steps per decode/verify figure")->capture_default_str();
+  m->add_flag("--profile", a->profile, "start the profiler's capture after setup (ncu --profile-from-start off)");
   m->add_option("--json", a->json_out, "also write one JSON object per figure to this file");
   m->callback([a] { run(*a); });
 }

@@ -103,6 +103,7 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
     }
 
   for (int k : o.verify_tokens) {
+    if (k <= 0) continue;  // 0: no verify figures
     const int blocks = (o.verify_context + k + kBlock - 1) / kBlock;
     StepPlan plan = make_plan(1, k, o.verify_context, blocks, c.vocab_size, rng, true);
     BenchRow r{"verify", 1, k, o.verify_context, 0, 0, 0, "bytes"};
@@ -115,6 +116,7 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
 
   const double linear_flops_per_token = 2.0 * layer_linear_params(c);
   for (int n : o.prefill_lengths) {
+    if (n <= 0) continue;  // 0: no prefill figures
     auto run_prefill = [&] {
       for (int done = 0; done < n;) {
         const int take = std::min(o.prefill_chunk, n - done);

@@ -1,4 +1,6 @@
-// CUDA device discovery: a failed query (no driver, no GPU) counts as zero devices.
+// CUDA device discovery (a failed query, no driver or no GPU, counts as zero devices) and the
+// profiler switch.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/device.h"
@@ -12,4 +14,6 @@ int cuda_device_count() {
   }
   return n;
 }
+
+void cuda_profiler_start() { cudaProfilerStart(); }
 }  // namespace ds

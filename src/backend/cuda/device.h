@@ -1,7 +1,9 @@
-// CUDA device discovery for backend selection (no model ops yet).
+// CUDA device discovery for backend selection, and the profiler switch for benchmarks.
 #pragma once
 
 namespace ds {
 // Number of usable CUDA devices; 0 when there is no driver or no GPU.
 int cuda_device_count();
+// Starts the profiler's capture (for `ncu --profile-from-start off`: setup kernels are skipped).
+void cuda_profiler_start();
 }  // namespace ds
