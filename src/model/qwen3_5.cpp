@@ -142,14 +142,17 @@ Tensor Qwen35Model::logits_of(Tensor hn, int64_t n_out) {
 
 Tensor Qwen35Model::forward(const StepPlan& plan, Tensor* hidden_out) {
   ops_.begin_step(plan);
-  const int64_t T = plan.n_tokens(), H = cfg_.hidden_size;
-  Tensor x = act({T, H});  // the residual stream
-  ops_.embedding(w_.embed, x);
-  for (const LayerWeights& L : w_.layers) decoder_layer(L, x);
-  Tensor hn = act({T, H});
-  ops_.rms_norm(x, w_.final_norm, cfg_.rms_norm_eps, hn);
-  if (hidden_out) *hidden_out = hn;
-  return logits_of(hn, plan.n_out());
+  const std::vector<Tensor> out = ops_.run_step([&]() -> std::vector<Tensor> {
+    const int64_t T = plan.n_tokens(), H = cfg_.hidden_size;
+    Tensor x = act({T, H});  // the residual stream
+    ops_.embedding(w_.embed, x);
+    for (const LayerWeights& L : w_.layers) decoder_layer(L, x);
+    Tensor hn = act({T, H});
+    ops_.rms_norm(x, w_.final_norm, cfg_.rms_norm_eps, hn);
+    return {logits_of(hn, plan.n_out()), hn};
+  });
+  if (hidden_out) *hidden_out = out[1];
+  return out[0];
 }
 
 Tensor Qwen35Model::forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor* hidden_out) {

@@ -4,7 +4,9 @@
 // "act" is the backend's activation dtype (F32 on the CPU reference, BF16 on CUDA).
 #pragma once
 
+#include <functional>
 #include <initializer_list>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/step_plan.h"
@@ -64,6 +66,11 @@ class Ops {
   // Makes `plan` the current step; the ops below read its token ids, positions, sequence
   // ranges, block tables and state slots.
   virtual void begin_step(const StepPlan& plan) = 0;
+  // Runs the current step's ops, issued by `record`, and returns its result tensors. A backend
+  // may record them once and replay the recording for later steps of the same shape (CUDA
+  // graphs for decode steps): `record` must then issue the same ops on the same scratch
+  // layout every time, reading step data only through the plan. Default: runs `record`.
+  virtual std::vector<Tensor> run_step(const std::function<std::vector<Tensor>()>& record) { return record(); }
 
   // out act [T, H] = table[plan.token_ids]; table [V, H]
   virtual void embedding(Tensor table, Tensor out) = 0;

@@ -1,8 +1,9 @@
-// Paged KV append and causal GQA attention over the paged cache: one warp per (token, query
-// head, key split) with an online softmax, each lane owning head dims lane, lane+32, ...
-// (head_dim <= 256); splits of a long context run in parallel and are merged by a combine
-// kernel (split-KV). Correct for any step shape; a tensor-core flash prefill kernel and GQA
-// packing (one key load for all heads of a group) are future work.
+// Paged KV append and causal GQA attention over the paged cache: one CTA per (key split, KV
+// head, group of 8 query rows) with an online softmax over K/V tiles in shared memory, so one
+// tile load serves every query head of the KV group and every token of a verify block (GQA
+// packing); splits of a long context run in parallel and are merged by a combine kernel
+// (split-KV). Correct for any step shape (head_dim <= 256, a multiple of 8); a tensor-core
+// flash prefill kernel is future work.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -13,7 +14,12 @@ namespace ds::cuda {
 
 namespace {
 
-constexpr int kMaxDimsPerLane = 8;  // head_dim <= 256
+constexpr int kMaxHeadDim = 256;
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
 
 __device__ __forceinline__ int64_t cache_row(const int32_t* block_tables, int max_blocks, int s, int i, int bs) {
   return int64_t(block_tables[s * max_blocks + i / bs]) * bs + i % bs;
@@ -32,66 +38,131 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
   }
 }
 
-// One warp per (token, query head, key split). With n_splits == 1 it writes the normalised
-// output; otherwise the split's unnormalised accumulator and its (max, sum) go to `partial`
-// f32 [T, nH, n_splits, hd + 2] for attention_combine_kernel.
-__global__ void attention_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
-                                 const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
-                                 const int32_t* block_tables, int max_blocks, int T, int nH, int nKV, int hd,
-                                 int block_size, float scale, int n_splits, int split_len) {
-  const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (warp >= T * nH * n_splits) return;
-  const int split = warp % n_splits, th = warp / n_splits;
-  const int t = th / nH, h = th % nH, kvh = h / (nH / nKV);
-  const int s = seq_of_token[t];
-  const int n_ctx = n_past[s] + (t - cu_seqlens[s]) + 1;  // causal: keys 0..own position
-  const int j0 = split * split_len, j1 = min(n_ctx, j0 + split_len);
-  float qr[kMaxDimsPerLane], acc[kMaxDimsPerLane];
-#pragma unroll
-  for (int e = 0; e < kMaxDimsPerLane; ++e) {
-    const int d = lane + 32 * e;
-    qr[e] = d < hd ? to_f32(q[(int64_t(t) * nH + h) * hd + d]) : 0.f;
-    acc[e] = 0.f;
+constexpr int kRowsPerWarp = 2;                    // query rows (token, head of the group) per warp
+constexpr int kWarps = 4;
+constexpr int kRowsPerCta = kRowsPerWarp * kWarps;  // 8
+constexpr int kTileKeys = 32;                       // keys per shared-memory tile: lane = key
+constexpr int kPad = 8;                             // bf16 padding per smem row (bank spread)
+
+// One CTA per (key split, KV head, sequence x row group): the group's query rows (token-major,
+// then the nH/nKV heads sharing the KV head) share every K/V tile loaded into shared memory,
+// so a tile's bytes serve all heads of the group and all tokens of a verify block (GQA
+// packing). Per tile, lane = key for the scores, lane = 8 head dims for P.V. With
+// n_splits == 1 the normalised output is written; otherwise the split's unnormalised
+// accumulator and (max, sum) go to `partial` f32 [T, nH, n_splits, hd + 2].
+__global__ void __launch_bounds__(kWarps * 32) attention_kernel(
+    const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, const int32_t* cu_seqlens,
+    const int32_t* n_past, const int32_t* block_tables, int max_blocks, int nH, int nKV, int hd, int block_size,
+    float scale, int n_splits, int split_len, int row_groups) {
+  __shared__ __align__(16) bf16 ks[kTileKeys][kMaxHeadDim + kPad];
+  __shared__ __align__(16) bf16 vs[kTileKeys][kMaxHeadDim + kPad];
+  __shared__ __align__(16) float qs[kRowsPerCta][kMaxHeadDim];
+  const int split = blockIdx.x, kvh = blockIdx.y;
+  const int s = blockIdx.z / row_groups, rg = blockIdx.z % row_groups;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int G = nH / nKV;
+  const int t0 = cu_seqlens[s], n_tok = cu_seqlens[s + 1] - t0;
+  const int row0 = rg * kRowsPerCta;
+  if (row0 >= n_tok * G) return;
+  const int past = n_past[s];
+  const int last_row = min(row0 + kRowsPerCta, n_tok * G) - 1;
+  const int j0 = split * split_len;
+  const int j_end = min(j0 + split_len, past + last_row / G + 1);  // keys any row of the CTA needs
+
+  // Query rows, pre-scaled, fp32 in shared memory (rows past the sequence are zeros).
+  for (int i = threadIdx.x; i < kRowsPerCta * hd; i += blockDim.x) {
+    const int r = i / hd, d = i % hd, row = row0 + r;
+    float v = 0.f;
+    if (row < n_tok * G) v = to_f32(q[(int64_t(t0 + row / G) * nH + kvh * G + row % G) * hd + d]) * scale;
+    qs[r][d] = v;
   }
-  float m = -INFINITY, l = 0.f;
-  for (int j = j0; j < j1; ++j) {
-    const int64_t base = (cache_row(block_tables, max_blocks, s, j, block_size) * nKV + kvh) * hd;
-    float part = 0.f;
+  int n_ctx[kRowsPerWarp];  // keys row r attends to: 0 .. own position
+  bool valid[kRowsPerWarp];
+  float m[kRowsPerWarp], l[kRowsPerWarp], acc[kRowsPerWarp][8];
 #pragma unroll
-    for (int e = 0; e < kMaxDimsPerLane; ++e) {
-      const int d = lane + 32 * e;
-      if (d < hd) part += qr[e] * to_f32(k_cache[base + d]);
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    const int row = row0 + warp * kRowsPerWarp + r;
+    valid[r] = row < n_tok * G;
+    n_ctx[r] = valid[r] ? past + row / G + 1 : 0;
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
+  }
+  const int vec_per_row = hd / 8;  // 16-byte vectors per key row
+  for (int tile = j0; tile < j_end; tile += kTileKeys) {
+    __syncthreads();  // previous tile fully read (and qs written, on the first pass)
+    for (int i = threadIdx.x; i < kTileKeys * vec_per_row; i += blockDim.x) {
+      const int kk = i / vec_per_row, c = i % vec_per_row, j = tile + kk;
+      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
+      if (j < j_end) {
+        const int64_t base = (cache_row(block_tables, max_blocks, s, j, block_size) * nKV + kvh) * hd + c * 8;
+        kv4 = __ldg(reinterpret_cast<const uint4*>(k_cache + base));
+        vv4 = __ldg(reinterpret_cast<const uint4*>(v_cache + base));
+      }
+      *reinterpret_cast<uint4*>(&ks[kk][c * 8]) = kv4;
+      *reinterpret_cast<uint4*>(&vs[kk][c * 8]) = vv4;
     }
-    const float score = warp_sum(part) * scale;
-    const float m_new = fmaxf(m, score);
-    const float corr = expf(m - m_new);
-    const float p = expf(score - m_new);
-    l = l * corr + p;
+    __syncthreads();
+    // Scores: lane = key of the tile.
+    float sc[kRowsPerWarp];
 #pragma unroll
-    for (int e = 0; e < kMaxDimsPerLane; ++e) {
-      const int d = lane + 32 * e;
-      if (d < hd) acc[e] = acc[e] * corr + p * to_f32(v_cache[base + d]);
+    for (int r = 0; r < kRowsPerWarp; ++r) sc[r] = 0.f;
+    for (int c = 0; c < vec_per_row; ++c) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(&ks[lane][c * 8]);
+      const bf16* kv = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float* qr = &qs[warp * kRowsPerWarp + r][c * 8];
+        float a = sc[r];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a += qr[e] * to_f32(kv[e]);
+        sc[r] = a;
+      }
     }
-    m = m_new;
-  }
-  if (n_splits == 1) {
+    // Online softmax per row, then P.V with lane = head dims [8 lane, 8 lane + 8).
 #pragma unroll
-    for (int e = 0; e < kMaxDimsPerLane; ++e) {
-      const int d = lane + 32 * e;
-      if (d < hd) out[(int64_t(t) * nH + h) * hd + d] = to_bf16(acc[e] / l);
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      if (!valid[r] || tile >= n_ctx[r]) continue;  // warp-uniform
+      const float x = tile + lane < n_ctx[r] ? sc[r] : -INFINITY;
+      const float m_new = fmaxf(m[r], warp_max(x));
+      const float p = expf(x - m_new);
+      const float corr = expf(m[r] - m_new);
+      l[r] = l[r] * corr + warp_sum(p);
+      m[r] = m_new;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[r][e] *= corr;
+      const int n_keys = min(kTileKeys, n_ctx[r] - tile);
+      for (int kk = 0; kk < n_keys; ++kk) {
+        const float pk = __shfl_sync(0xffffffffu, p, kk);  // every lane shuffles; lanes past hd skip the FMAs
+        if (8 * lane < hd) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(&vs[kk][8 * lane]);
+          const bf16* vv = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[r][e] += pk * to_f32(vv[e]);
+        }
+      }
     }
-    return;
   }
-  float* dst = partial + (int64_t(th) * n_splits + split) * (hd + 2);
 #pragma unroll
-  for (int e = 0; e < kMaxDimsPerLane; ++e) {
-    const int d = lane + 32 * e;
-    if (d < hd) dst[d] = acc[e];
-  }
-  if (lane == 0) {
-    dst[hd] = m;  // -inf for an empty split (its l is 0)
-    dst[hd + 1] = l;
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    if (!valid[r]) continue;
+    const int row = row0 + warp * kRowsPerWarp + r;
+    const int64_t th = int64_t(t0 + row / G) * nH + kvh * G + row % G;  // (token, head)
+    if (n_splits == 1) {
+      if (8 * lane < hd)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) out[th * hd + 8 * lane + e] = to_bf16(acc[r][e] / l[r]);
+      continue;
+    }
+    float* dst = partial + (th * n_splits + split) * (hd + 2);
+    if (8 * lane < hd)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dst[8 * lane + e] = acc[r][e];
+    if (lane == 0) {
+      dst[hd] = m[r];  // -inf for an empty split (its l is 0)
+      dst[hd + 1] = l[r];
+    }
   }
 }
 
@@ -129,32 +200,41 @@ void launch_kv_append(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache
   cuda_check_launch("kv_append", s);
 }
 
-int attention_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes) {
-  constexpr int kSplitLen = 256;     // keys per warp: enough work to amortise a combine
-  constexpr int kTargetWarps = 16384;  // ~2 waves of resident warps on an H100/H200
-  int n = (max_ctx + kSplitLen - 1) / kSplitLen;
-  n = std::min(n, std::max(1, kTargetWarps / (T * nH)));  // split only to fill the GPU
+int attention_row_groups(int max_chunk, int nH, int nKV) {
+  return (max_chunk * (nH / nKV) + kRowsPerCta - 1) / kRowsPerCta;
+}
+
+int attention_splits(int n_seqs, int row_groups, int nH, int nKV, int hd, int T, int max_ctx,
+                     size_t partial_budget_bytes) {
+  constexpr int kMinSplitLen = 64;   // keys per CTA: enough work to amortise a combine
+  constexpr int kTargetCtas = 528;   // ~4 CTAs per SM of an H100/H200
+  const int ctas = n_seqs * row_groups * nKV;
+  int n = (max_ctx + kMinSplitLen - 1) / kMinSplitLen;
+  n = std::min(n, std::max(1, kTargetCtas / ctas));  // split only to fill the GPU
   const size_t per_split = size_t(T) * nH * (hd + 2) * sizeof(float);
   if (n > 1 && size_t(n) * per_split > partial_budget_bytes) n = static_cast<int>(partial_budget_bytes / per_split);
   return n < 1 ? 1 : n;
 }
 
 void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
-                      int n_splits, int max_ctx, const int32_t* seq_of_token, const int32_t* cu_seqlens,
-                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int nH, int nKV,
-                      int hd, int block_size, float scale, cudaStream_t s) {
+                      int n_splits, int row_groups, int max_ctx, const int32_t* cu_seqlens, const int32_t* n_past,
+                      const int32_t* block_tables, int max_blocks, int T, int n_seqs, int nH, int nKV, int hd,
+                      int block_size, float scale, cudaStream_t s) {
   if (T == 0) return;
-  DS_ASSERT(hd <= 32 * kMaxDimsPerLane, "attention supports head_dim <= %d, got %d", 32 * kMaxDimsPerLane, hd);
+  DS_ASSERT(hd <= kMaxHeadDim && hd % 8 == 0, "attention supports head_dim <= %d and a multiple of 8, got %d",
+            kMaxHeadDim, hd);
+  DS_ASSERT(nH % nKV == 0, "query heads %d not a multiple of KV heads %d", nH, nKV);
   DS_ASSERT(n_splits == 1 || partial != nullptr, "split attention needs partial buffers");
-  const int split_len = (max_ctx + n_splits - 1) / n_splits;
-  const int64_t warps = int64_t(T) * nH * n_splits;
-  const int per_block = 4;
-  attention_kernel<<<static_cast<int>((warps + per_block - 1) / per_block), 32 * per_block, 0, s>>>(
-      q, k_cache, v_cache, out, partial, seq_of_token, cu_seqlens, n_past, block_tables, max_blocks, T, nH, nKV, hd,
-      block_size, scale, n_splits, split_len);
+  DS_ASSERT(int64_t(n_seqs) * row_groups <= 65535, "attention grid: %d sequences x %d row groups", n_seqs, row_groups);
+  int split_len = (max_ctx + n_splits - 1) / n_splits;
+  split_len = (split_len + kTileKeys - 1) / kTileKeys * kTileKeys;
+  const dim3 grid(n_splits, nKV, n_seqs * row_groups);
+  attention_kernel<<<grid, kWarps * 32, 0, s>>>(q, k_cache, v_cache, out, partial, cu_seqlens, n_past, block_tables,
+                                                max_blocks, nH, nKV, hd, block_size, scale, n_splits, split_len,
+                                                row_groups);
   cuda_check_launch("attention", s);
   if (n_splits > 1) {
-    const int TH = T * nH;
+    const int TH = T * nH, per_block = 4;
     attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(partial, out, TH, hd,
                                                                                         n_splits);
     cuda_check_launch("attention_combine", s);

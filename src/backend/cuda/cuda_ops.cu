@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <vector>
 
 #include "backend/cuda/cuda_check.h"
@@ -19,7 +20,9 @@ void cuda_check_launch(const char* kernel, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) DS_FATAL("launch of %s failed: %s", kernel, cudaGetErrorString(err));
   static const bool sync = std::getenv("DS_SYNC_DEBUG") != nullptr;  // env: DS_SYNC_DEBUG
-  if (sync) {
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (sync) CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+  if (sync && capturing == cudaStreamCaptureStatusNone) {
     err = cudaStreamSynchronize(stream);
     if (err != cudaSuccess) DS_FATAL("%s failed: %s", kernel, cudaGetErrorString(err));
   }
@@ -37,6 +40,19 @@ struct CudaOps::Impl {
                 *block_tables = nullptr, *logit_rows = nullptr, *seq_of_token = nullptr;
   bf16 *k_cache = nullptr, *v_cache = nullptr, *conv_states = nullptr;
   void* rec_states = nullptr;
+  void* cublas_workspace = nullptr;
+  // Recorded decode steps by shape (sequences, block-table width); see run_step.
+  struct StepGraph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<Tensor> outputs;
+    size_t scratch_begin = 0, scratch_end = 0;
+  };
+  std::map<std::pair<int, int>, StepGraph> graphs;
+
+  void clear_graphs() {
+    for (auto& [key, g] : graphs) cudaGraphExecDestroy(g.exec);
+    graphs.clear();
+  }
 
   void* alloc(size_t bytes) {
     void* p = nullptr;
@@ -65,11 +81,16 @@ CudaOps::CudaOps(const CudaOpsOptions& options) : impl_(new Impl()), options_(op
   CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&impl_->cublas));
   CUBLAS_CHECK(cublasSetStream(impl_->cublas, impl_->stream));
+  // An explicit workspace: cuBLAS then allocates nothing while a step graph is being recorded.
+  constexpr size_t kCublasWorkspace = size_t(32) << 20;
+  impl_->cublas_workspace = impl_->alloc(kCublasWorkspace);
+  CUBLAS_CHECK(cublasSetWorkspace(impl_->cublas, impl_->cublas_workspace, kCublasWorkspace));
   impl_->scratch = static_cast<char*>(impl_->alloc(options.scratch_bytes));
 }
 
 CudaOps::~CudaOps() {
   cudaStreamSynchronize(impl_->stream);
+  impl_->clear_graphs();
   for (void* p : impl_->allocations) cudaFree(p);
   if (impl_->plan_buf) cudaFree(impl_->plan_buf);
   cublasDestroy(impl_->cublas);
@@ -169,18 +190,41 @@ void CudaOps::begin_step(const StepPlan& plan) {
     max_chunk_ = std::max(max_chunk_, chunk);
     max_ctx_ = std::max(max_ctx_, plan.n_past[s] + chunk);
   }
+  // Decode steps (one token and one logit row per sequence) may run as recorded graphs. Their
+  // shape must not change with the context length, so the block tables are padded to a
+  // power-of-two width and attention splits the whole width.
+  static const bool graphs_enabled = [] {  // env: DS_CUDA_GRAPHS=0 turns step graphs off
+    const char* env = std::getenv("DS_CUDA_GRAPHS");
+    return !(env && std::string(env) == "0");
+  }();
+  graph_step_ = graphs_enabled && plan.n_seqs() > 0 && plan.n_tokens() == plan.n_seqs() && plan.n_out() == plan.n_seqs();
+  table_width_ = plan.max_blocks;
+  std::vector<int32_t> padded;
+  const std::vector<int32_t>* tables = &plan.block_tables;
+  if (graph_step_) {
+    table_width_ = 8;
+    while (table_width_ < plan.max_blocks) table_width_ *= 2;
+    padded.assign(size_t(plan.n_seqs()) * table_width_, -1);
+    for (int s = 0; s < plan.n_seqs(); ++s)
+      std::copy_n(plan.block_tables.begin() + size_t(s) * plan.max_blocks, plan.max_blocks,
+                  padded.begin() + size_t(s) * table_width_);
+    tables = &padded;
+    max_ctx_ = table_width_ * geo_.block_size;
+  }
   // One host buffer, one copy: [ids | positions | cu_seqlens | n_past | slots | tables | rows | seq_of_token]
   std::vector<int32_t> packed;
   std::vector<size_t> offsets;
   for (const std::vector<int32_t>* v : {&plan.token_ids, &plan.positions, &plan.cu_seqlens, &plan.n_past,
-                                        &plan.state_slots, &plan.block_tables, &plan.logit_rows,
+                                        &plan.state_slots, tables, &plan.logit_rows,
                                         static_cast<const std::vector<int32_t>*>(&seq_of_token)}) {
     offsets.push_back(packed.size());
     packed.insert(packed.end(), v->begin(), v->end());
   }
   if (packed.size() > impl_->plan_capacity) {
+    CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+    impl_->clear_graphs();  // they read the old buffer
     if (impl_->plan_buf) CUDA_CHECK(cudaFree(impl_->plan_buf));
-    impl_->plan_capacity = packed.size() * 2;
+    impl_->plan_capacity = std::max<size_t>(packed.size() * 2, size_t(1) << 18);
     CUDA_CHECK(cudaMalloc(&impl_->plan_buf, impl_->plan_capacity * sizeof(int32_t)));
   }
   CUDA_CHECK(cudaMemcpyAsync(impl_->plan_buf, packed.data(), packed.size() * sizeof(int32_t), cudaMemcpyHostToDevice,
@@ -195,6 +239,33 @@ void CudaOps::begin_step(const StepPlan& plan) {
   impl_->block_tables = b + offsets[5];
   impl_->logit_rows = b + offsets[6];
   impl_->seq_of_token = b + offsets[7];
+}
+
+std::vector<Tensor> CudaOps::run_step(const std::function<std::vector<Tensor>()>& record) {
+  if (!graph_step_) return record();
+  // Same shape, same plan-buffer offsets and same scratch layout: the recording reads this
+  // step's plan arrays and writes the same scratch tensors.
+  const std::pair<int, int> key{plan_.n_seqs(), table_width_};
+  auto it = impl_->graphs.find(key);
+  if (it == impl_->graphs.end() || it->second.scratch_begin != scratch_used_) {
+    if (it != impl_->graphs.end()) {
+      cudaGraphExecDestroy(it->second.exec);
+      impl_->graphs.erase(it);
+    }
+    Impl::StepGraph g;
+    g.scratch_begin = scratch_used_;
+    CUDA_CHECK(cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeThreadLocal));
+    g.outputs = record();
+    cudaGraph_t graph = nullptr;
+    CUDA_CHECK(cudaStreamEndCapture(impl_->stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&g.exec, graph, 0));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    g.scratch_end = scratch_used_;
+    it = impl_->graphs.emplace(key, std::move(g)).first;
+  }
+  CUDA_CHECK(cudaGraphLaunch(it->second.exec, impl_->stream));
+  scratch_used_ = it->second.scratch_end;
+  return it->second.outputs;
 }
 
 void CudaOps::embedding(Tensor table, Tensor out) {
@@ -312,7 +383,7 @@ void CudaOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape
   void* state = static_cast<char*>(impl_->rec_states) + layer * per_layer * state_elem_size(options_.state_dtype);
   cuda::launch_gdn_recurrent(B(qkv), F(g), F(beta), state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
-                             sh.v_head_dim, /*split_columns=*/max_chunk_ <= 16, impl_->stream);
+                             sh.v_head_dim, /*short_chunks=*/max_chunk_ <= 16, impl_->stream);
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {
@@ -324,13 +395,14 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   bf16* kc = impl_->k_cache + kv_layer * layer_elems;
   bf16* vc = impl_->v_cache + kv_layer * layer_elems;
   cuda::launch_kv_append(B(k), B(v), kc, vc, impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
-                         impl_->block_tables, plan_.max_blocks, T, nKV, hd, geo_.block_size, impl_->stream);
+                         impl_->block_tables, table_width_, T, nKV, hd, geo_.block_size, impl_->stream);
   const size_t budget = (options_.scratch_bytes - scratch_used_) / 4;  // leave room for the rest of the layer
-  const int n_splits = cuda::attention_splits(T, nH, hd, max_ctx_, budget);
+  const int row_groups = cuda::attention_row_groups(max_chunk_, nH, nKV);
+  const int n_splits = cuda::attention_splits(plan_.n_seqs(), row_groups, nH, nKV, hd, T, max_ctx_, budget);
   float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
-  cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, max_ctx_, impl_->seq_of_token, impl_->cu_seqlens,
-                         impl_->n_past, impl_->block_tables, plan_.max_blocks, T, nH, nKV, hd, geo_.block_size, scale,
-                         impl_->stream);
+  cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, row_groups, max_ctx_, impl_->cu_seqlens,
+                         impl_->n_past, impl_->block_tables, table_width_, T, plan_.n_seqs(), nH, nKV, hd,
+                         geo_.block_size, scale, impl_->stream);
 }
 
 }  // namespace ds

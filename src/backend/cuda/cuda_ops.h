@@ -44,6 +44,9 @@ class CudaOps final : public Ops {
   size_t bytes_in_use() const override { return weight_bytes_ + options_.scratch_bytes + cache_bytes_; }
 
   void begin_step(const StepPlan& plan) override;
+  // Decode steps are recorded as a CUDA graph per (sequences, block-table width) on first use
+  // and replayed after (env DS_CUDA_GRAPHS=0: never).
+  std::vector<Tensor> run_step(const std::function<std::vector<Tensor>()>& record) override;
   void embedding(Tensor table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
@@ -72,7 +75,10 @@ class CudaOps final : public Ops {
   CacheGeometry geo_;
   StepPlan plan_;                  // host copy of the current step
   int max_chunk_ = 0;              // most new tokens of one sequence in the step
-  int max_ctx_ = 1;                // longest context (cached + new) of one sequence in the step
+  int max_ctx_ = 1;                // longest context (cached + new) of one sequence in the step;
+                                   // for graph steps, the whole block-table width
+  int table_width_ = 0;            // block-table row width on the device (padded for graph steps)
+  bool graph_step_ = false;        // the current step may run as a recorded graph
   size_t scratch_used_ = 0;
   size_t weight_bytes_ = 0, cache_bytes_ = 0;
 };

@@ -19,6 +19,81 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* ids, bf16* ou
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(t) * H + i] = row[i];
 }
 
+// RMSNorm (optionally gated) over rows of D (a multiple of 8) with 16-byte vectors held in
+// registers between the two passes: a warp per row for D <= 1024 (4 rows per block), else a
+// block per row. Each thread holds at most kMaxVec vectors.
+constexpr int kMaxVec = 4;
+
+__device__ __forceinline__ void unpack8(const uint4& raw, float* f) {
+  const bf16* b = reinterpret_cast<const bf16*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = to_f32(b[e]);
+}
+
+template <bool kWarpRow, bool kGated>
+__global__ void rms_norm_vec_kernel(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,
+                                    bool sigmoid_gate) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = kWarpRow ? int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
+  const int tid = kWarpRow ? lane : threadIdx.x, nthr = kWarpRow ? 32 : blockDim.x;
+  if (r >= R) return;  // whole warps (kWarpRow) or the whole block leave together
+  const int nv = D / 8;
+  const uint4* xr = reinterpret_cast<const uint4*>(x + r * D);
+  uint4 v[kMaxVec];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int c = tid + k * nthr;
+    if (c < nv) {
+      v[k] = xr[c];
+      float f[8];
+      unpack8(v[k], f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ss += f[e] * f[e];
+    }
+  }
+  ss = kWarpRow ? warp_sum(ss) : block_sum(ss);
+  const float inv = rsqrtf(ss / D + eps);
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int c = tid + k * nthr;
+    if (c < nv) {
+      float f[8], gz[8];
+      unpack8(v[k], f);
+      if constexpr (kGated) unpack8(reinterpret_cast<const uint4*>(z + r * D)[c], gz);
+      uint4 o;
+      bf16* ob = reinterpret_cast<bf16*>(&o);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        float y = f[e] * inv * w[8 * c + e];
+        if constexpr (kGated) y *= sigmoid_gate ? sigmoid_f(gz[e]) : silu_f(gz[e]);
+        ob[e] = to_bf16(y);
+      }
+      reinterpret_cast<uint4*>(out + r * D)[c] = o;
+    }
+  }
+}
+
+// The vector kernels need D % 8 == 0, 16-byte aligned rows and at most kMaxVec vectors per thread.
+template <class... P>
+bool vec_ok(int D, const P*... ptrs) {
+  const bool aligned = ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
+  return D % 8 == 0 && D <= 8 * 1024 * kMaxVec && aligned;
+}
+
+template <bool kGated>
+void launch_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps, bool sigmoid_gate,
+                 cudaStream_t s) {
+  const int nv = D / 8;
+  if (nv <= 32 * kMaxVec) {
+    rms_norm_vec_kernel<true, kGated><<<(R + 3) / 4, 128, 0, s>>>(x, z, w, out, R, D, eps, sigmoid_gate);
+  } else {
+    const int threads = std::min(1024, ((nv + 31) / 32) * 32);
+    rms_norm_vec_kernel<false, kGated><<<R, threads, 0, s>>>(x, z, w, out, R, D, eps, sigmoid_gate);
+  }
+}
+
+// Scalar fallbacks for D not a multiple of 8 (tiny test shapes).
 __global__ void rms_norm_kernel(const bf16* x, const float* w, bf16* out, int D, float eps) {
   const int64_t r = blockIdx.x;
   const bf16* xr = x + r * D;
@@ -74,27 +149,35 @@ __global__ void concat_cols_kernel(const bf16* a, const bf16* b, bf16* out, int 
   for (int i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = i < D1 ? a[t * D1 + i] : b[t * D2 + i - D1];
 }
 
+// Block per (token, head): copies the head's query and gate halves (16-byte vectors when hd % 8 == 0).
 __global__ void split_query_gate_kernel(const bf16* p, bf16* q, bf16* gate, int n_heads, int hd) {
-  const int64_t t = blockIdx.x;
-  for (int i = threadIdx.x; i < n_heads * hd; i += blockDim.x) {
-    const int h = i / hd, d = i % hd;
-    const bf16* src = p + (t * n_heads + h) * 2 * hd;
-    q[t * n_heads * hd + i] = src[d];
-    gate[t * n_heads * hd + i] = src[hd + d];
+  const int64_t t = blockIdx.x, h = blockIdx.y;
+  const bf16* src = p + (t * n_heads + h) * 2 * hd;
+  bf16* qd = q + (t * n_heads + h) * hd;
+  bf16* gd = gate + (t * n_heads + h) * hd;
+  if (hd % 8 == 0) {
+    for (int c = threadIdx.x; c < hd / 8; c += blockDim.x) {
+      reinterpret_cast<uint4*>(qd)[c] = reinterpret_cast<const uint4*>(src)[c];
+      reinterpret_cast<uint4*>(gd)[c] = reinterpret_cast<const uint4*>(src + hd)[c];
+    }
+    return;
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    qd[d] = src[d];
+    gd[d] = src[hd + d];
   }
 }
 
-// One block per token; threads over (head, frequency) pairs.
+// Block per (token, head); thread i rotates the pair (i, i + rotary_dim / 2).
 __global__ void rope_kernel(bf16* x, const int32_t* positions, int n, int hd, int rotary_dim, float theta) {
   const int64_t t = blockIdx.x;
   const int half = rotary_dim / 2;
   const float pos = static_cast<float>(positions[t]);
-  for (int w = threadIdx.x; w < n * half; w += blockDim.x) {
-    const int h = w / half, i = w % half;
+  bf16* v = x + (t * n + blockIdx.y) * hd;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
     float sn, cs;
     sincosf(pos * inv_freq, &sn, &cs);
-    bf16* v = x + (t * n + h) * hd;
     const float x1 = to_f32(v[i]), x2 = to_f32(v[i + half]);
     v[i] = to_bf16(x1 * cs - x2 * sn);
     v[i + half] = to_bf16(x2 * cs + x1 * sn);
@@ -143,14 +226,16 @@ void launch_embedding(const bf16* table, const int32_t* ids, bf16* out, int T, i
 
 void launch_rms_norm(const bf16* x, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
   if (R == 0) return;
-  rms_norm_kernel<<<R, D >= 512 ? 256 : 128, 0, s>>>(x, w, out, D, eps);
+  if (vec_ok(D, x, out)) launch_norm<false>(x, nullptr, w, out, R, D, eps, false, s);
+  else rms_norm_kernel<<<R, D >= 512 ? 256 : 128, 0, s>>>(x, w, out, D, eps);
   cuda_check_launch("rms_norm", s);
 }
 
 void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,
                            bool sigmoid_gate, cudaStream_t s) {
   if (R == 0) return;
-  gated_rms_norm_kernel<<<R, D >= 256 ? 128 : 64, 0, s>>>(x, z, w, out, D, eps, sigmoid_gate);
+  if (vec_ok(D, x, z, out)) launch_norm<true>(x, z, w, out, R, D, eps, sigmoid_gate, s);
+  else gated_rms_norm_kernel<<<R, D >= 256 ? 128 : 64, 0, s>>>(x, z, w, out, D, eps, sigmoid_gate);
   cuda_check_launch("gated_rms_norm", s);
 }
 
@@ -186,14 +271,15 @@ void launch_concat_cols(const bf16* a, const bf16* b, bf16* out, int T, int D1, 
 
 void launch_split_query_gate(const bf16* p, bf16* q, bf16* gate, int T, int n_heads, int hd, cudaStream_t s) {
   if (T == 0) return;
-  split_query_gate_kernel<<<T, kThreads, 0, s>>>(p, q, gate, n_heads, hd);
+  split_query_gate_kernel<<<dim3(T, n_heads), 32, 0, s>>>(p, q, gate, n_heads, hd);
   cuda_check_launch("split_query_gate", s);
 }
 
 void launch_rope(bf16* x, const int32_t* positions, int T, int n, int hd, int rotary_dim, float theta,
                  cudaStream_t s) {
   if (T == 0) return;
-  rope_kernel<<<T, 128, 0, s>>>(x, positions, n, hd, rotary_dim, theta);
+  rope_kernel<<<dim3(T, n), std::min(128, ((rotary_dim / 2 + 31) / 32) * 32), 0, s>>>(x, positions, n, hd, rotary_dim,
+                                                                                      theta);
   cuda_check_launch("rope", s);
 }
 

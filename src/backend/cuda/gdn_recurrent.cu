@@ -1,9 +1,9 @@
-// Gated delta rule, token by token: one block per (sequence, v-head, tile of state columns)
-// holds its tile S [dk, cols] in fp32 shared memory for the whole chunk; thread j owns column j
-// of the tile (the columns of S are independent given k, q, g and beta). Decode-sized chunks
-// use tiles of 32 columns to spread a step over more SMs; long chunks keep one tile per head,
-// since every tile repeats the per-token q/k normalisation. Used for every chunk length for
-// now (a chunked tensor-core prefill kernel is future work).
+// Gated delta rule, token by token (the columns of S are independent given k, q, g and beta).
+// Long chunks: one block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory for the
+// whole chunk, thread j owning column j. Decode-sized chunks: the state lives in registers
+// across 4 warps (gdn_decode_kernel). A chunked tensor-core prefill kernel is future work.
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
@@ -81,20 +81,114 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
     if (j < cols) store_state(state, state_off + int64_t(i) * dv + col0 + j, S[i * cols + j], state_dtype);
 }
 
+// Decode-sized chunks (<= 16 tokens per sequence, dk <= 128): one CTA of 4 warps per
+// (sequence, v-head, 32 state columns); lane = column, warp w holds rows [w*rpw, (w+1)*rpw) of
+// those columns in registers (rpw = dk/4 rounded up), so the state is read and written once
+// per step with no shared-memory copy; the column sums over rows are reduced across the
+// 4 warps through shared memory.
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeMaxRows = 32;  // rows per warp: dk <= 128
+
+__global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
+    const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype, bf16* out,
+    const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int Hk, int Hv, int dk, int dv) {
+  __shared__ float qs[kDecodeWarps * kDecodeMaxRows], ks[kDecodeWarps * kDecodeMaxRows];  // [dk]
+  __shared__ float red[kDecodeWarps][32];
+  const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int col = blockIdx.z * 32 + lane;
+  const bool has_col = col < dv;
+  const int t0 = cu_seqlens[s], t1 = cu_seqlens[s + 1];
+  if (t1 == t0) return;
+  const int rpw = (dk + kDecodeWarps - 1) / kDecodeWarps;
+  const int i0 = warp * rpw;
+  const int C = 2 * Hk * dk + Hv * dv;
+  const int64_t state_off = (int64_t(slots[s]) * Hv + h) * dk * dv;
+  const bool fresh = n_past[s] == 0;
+  float S[kDecodeMaxRows];
+#pragma unroll
+  for (int r = 0; r < kDecodeMaxRows; ++r) {
+    const int i = i0 + r;
+    S[r] = (r < rpw && i < dk && has_col && !fresh) ? load_state(state, state_off + int64_t(i) * dv + col, state_dtype)
+                                                     : 0.f;
+  }
+  const float q_scale = rsqrtf(static_cast<float>(dk));
+  for (int t = t0; t < t1; ++t) {
+    const bf16* row = qkv + int64_t(t) * C;
+    const int j = threadIdx.x;
+    const float qv = j < dk ? to_f32(row[kh * dk + j]) : 0.f;
+    const float kv = j < dk ? to_f32(row[Hk * dk + kh * dk + j]) : 0.f;
+    const float qss = block_sum(qv * qv);  // synchronises: qs/ks of the previous token are no longer read
+    const float kss = block_sum(kv * kv);
+    if (j < dk) {
+      qs[j] = qv * rsqrtf(qss + 1e-6f) * q_scale;
+      ks[j] = kv * rsqrtf(kss + 1e-6f);
+    }
+    __syncthreads();
+    const float alpha = expf(g[int64_t(t) * Hv + h]);
+    const float b = beta[int64_t(t) * Hv + h];
+    float part = 0.f;  // this warp's rows of (alpha S)^T k for the lane's column
+#pragma unroll
+    for (int r = 0; r < kDecodeMaxRows; ++r) {
+      S[r] *= alpha;  // decay first
+      if (r < rpw && i0 + r < dk) part += S[r] * ks[i0 + r];
+    }
+    red[warp][lane] = part;
+    __syncthreads();
+    float mcol = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) mcol += red[w][lane];
+    const float v = has_col ? to_f32(row[2 * Hk * dk + h * dv + col]) : 0.f;
+    const float delta = b * (v - mcol);
+    float o = 0.f;
+#pragma unroll
+    for (int r = 0; r < kDecodeMaxRows; ++r) {
+      if (r < rpw && i0 + r < dk) {
+        S[r] += ks[i0 + r] * delta;
+        o += S[r] * qs[i0 + r];  // read after the update
+      }
+    }
+    __syncthreads();  // every warp has read red[] for m
+    red[warp][lane] = o;
+    __syncthreads();
+    if (warp == 0 && has_col) {
+      float ocol = 0.f;
+#pragma unroll
+      for (int w = 0; w < kDecodeWarps; ++w) ocol += red[w][lane];
+      out[(int64_t(t) * Hv + h) * dv + col] = to_bf16(ocol);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kDecodeMaxRows; ++r) {
+    const int i = i0 + r;
+    if (r < rpw && i < dk && has_col) store_state(state, state_off + int64_t(i) * dv + col, S[r], state_dtype);
+  }
+}
+
 }  // namespace
 
 void launch_gdn_recurrent(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
                           bf16* out, const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs,
-                          int Hk, int Hv, int dk, int dv, bool split_columns, cudaStream_t s) {
+                          int Hk, int Hv, int dk, int dv, bool short_chunks, cudaStream_t s) {
   if (n_seqs == 0) return;
-  const int cols = split_columns && dv > 32 ? 32 : dv;
-  const int width = dk > cols ? dk : cols;
-  const int threads = ((width + 31) / 32) * 32;  // dk threads load q and k; cols threads update S
+  if (short_chunks && dk <= kDecodeWarps * kDecodeMaxRows) {
+    const dim3 grid(n_seqs, Hv, (dv + 31) / 32);
+    gdn_decode_kernel<<<grid, kDecodeWarps * 32, 0, s>>>(qkv, g, beta, state, state_dtype, out, cu_seqlens, n_past,
+                                                         slots, Hk, Hv, dk, dv);
+    cuda_check_launch("gdn_decode", s);
+    return;
+  }
+  const int cols = dv;
+  const int threads = ((std::max(dk, cols) + 31) / 32) * 32;  // dk threads load q and k; cols threads update S
   const size_t smem = (size_t(dk) * cols + 2 * dk) * sizeof(float);
-  CUDA_CHECK(cudaFuncSetAttribute(gdn_recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  const dim3 grid(n_seqs, Hv, (dv + cols - 1) / cols);
-  gdn_recurrent_kernel<<<grid, threads, smem, s>>>(qkv, g, beta, state, state_dtype, out, cu_seqlens,
-                                                                n_past, slots, Hk, Hv, dk, dv, cols);
+  static const bool smem_attr_set = [] {  // once: the attribute is per kernel, not per launch
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+    return true;
+  }();
+  (void)smem_attr_set;
+  const dim3 grid(n_seqs, Hv, 1);
+  gdn_recurrent_kernel<<<grid, threads, smem, s>>>(qkv, g, beta, state, state_dtype, out, cu_seqlens, n_past, slots,
+                                                   Hk, Hv, dk, dv, cols);
   cuda_check_launch("gdn_recurrent", s);
 }
 

@@ -61,28 +61,32 @@ void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* ou
                         int C, int K, cudaStream_t s);
 
 // Gated delta rule, token by token per (sequence, v-head), from and back to the state pool;
-// split_columns spreads each head over tiles of 32 state columns (for decode-sized chunks).
+// short_chunks (every sequence feeds <= 16 tokens: decode, verify) picks the register-state
+// kernel that spreads each head over tiles of 32 state columns.
 // qkv bf16 [T, 2*Hk*dk + Hv*dv]; g, beta f32 [T, Hv]; state [n_slots, Hv, dk, dv] of
 // state_dtype (0 f32, 1 f16, 2 bf16); out bf16 [T, Hv, dv].
 void launch_gdn_recurrent(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
                           bf16* out, const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs,
-                          int Hk, int Hv, int dk, int dv, bool split_columns, cudaStream_t s);
+                          int Hk, int Hv, int dk, int dv, bool short_chunks, cudaStream_t s);
 
 // Paged KV append: k, v bf16 [T, nKV, hd] into k_cache, v_cache bf16 [n_blocks, block_size, nKV, hd]
 // at each token's cache row (n_past[seq] + index in the sequence).
 void launch_kv_append(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache, const int32_t* seq_of_token,
                       const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
                       int T, int nKV, int hd, int block_size, cudaStream_t s);
-// Key splits for attention: one per 256 keys of the longest context, fewer when the step
-// already has enough (token, head) warps to fill the GPU or when the partial buffers
+// Query-row groups per (sequence, KV head): a CTA takes 8 rows (token, head of the group).
+int attention_row_groups(int max_chunk, int nH, int nKV);
+// Key splits for attention: one per 64 keys of the longest context, fewer when the step
+// already has enough CTAs to fill the GPU or when the partial buffers
 // f32 [T, nH, n_splits, hd + 2] would exceed partial_budget_bytes.
-int attention_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes);
+int attention_splits(int n_seqs, int row_groups, int nH, int nKV, int hd, int T, int max_ctx,
+                     size_t partial_budget_bytes);
 // Causal GQA attention of q bf16 [T, nH, hd] over each sequence's paged cache -> out bf16 [T, nH*hd].
-// max_ctx: the longest context any token of the step attends to; partial: scratch of
-// attention_splits' size when n_splits > 1.
+// max_ctx: the longest context any token of the step attends to; row_groups from
+// attention_row_groups(longest chunk); partial: scratch of attention_splits' size when n_splits > 1.
 void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
-                      int n_splits, int max_ctx, const int32_t* seq_of_token, const int32_t* cu_seqlens,
-                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int nH, int nKV,
-                      int hd, int block_size, float scale, cudaStream_t s);
+                      int n_splits, int row_groups, int max_ctx, const int32_t* cu_seqlens, const int32_t* n_past,
+                      const int32_t* block_tables, int max_blocks, int T, int n_seqs, int nH, int nKV, int hd,
+                      int block_size, float scale, cudaStream_t s);
 
 }  // namespace ds::cuda
