@@ -1,8 +1,9 @@
 // Paged KV append and causal GQA attention over the paged cache: one warp per (token, query
 // head, key split) with an online softmax, each lane owning head dims lane, lane+32, ...
 // (head_dim <= 256); splits of a long context run in parallel and are merged by a combine
-// kernel (split-KV). Correct for any step shape; a tensor-core flash prefill kernel and GQA
-// packing (one key load for all heads of a group) are future work.
+// kernel (split-KV). Correct for any step shape; steps with long chunks give those sequences
+// to the tensor-core kernel of attention_prefill.cu. GQA packing (one key load for all heads of
+// a group) is future work.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -32,19 +33,21 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
   }
 }
 
-// One warp per (token, query head, key split). With n_splits == 1 it writes the normalised
-// output; otherwise the split's unnormalised accumulator and its (max, sum) go to `partial`
-// f32 [T, nH, n_splits, hd + 2] for attention_combine_kernel.
+// One warp per (token, query head, key split) for the n_rows tokens from t_begin, skipping
+// tokens of sequences with more than max_chunk new tokens. With n_splits == 1 it writes the
+// normalised output; otherwise the split's unnormalised accumulator and its (max, sum) go to
+// `partial` f32 [n_rows, nH, n_splits, hd + 2] for attention_combine_kernel.
 __global__ void attention_kernel(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
-                                 const int32_t* block_tables, int max_blocks, int T, int nH, int nKV, int hd,
-                                 int block_size, float scale, int n_splits, int split_len) {
+                                 const int32_t* block_tables, int max_blocks, int t_begin, int n_rows, int max_chunk,
+                                 int nH, int nKV, int hd, int block_size, float scale, int n_splits, int split_len) {
   const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
-  if (warp >= T * nH * n_splits) return;
+  if (warp >= n_rows * nH * n_splits) return;
   const int split = warp % n_splits, th = warp / n_splits;
-  const int t = th / nH, h = th % nH, kvh = h / (nH / nKV);
+  const int t = t_begin + th / nH, h = th % nH, kvh = h / (nH / nKV);
   const int s = seq_of_token[t];
+  if (cu_seqlens[s + 1] - cu_seqlens[s] > max_chunk) return;
   const int n_ctx = n_past[s] + (t - cu_seqlens[s]) + 1;  // causal: keys 0..own position
   const int j0 = split * split_len, j1 = min(n_ctx, j0 + split_len);
   float qr[kMaxDimsPerLane], acc[kMaxDimsPerLane];
@@ -95,11 +98,16 @@ __global__ void attention_kernel(const bf16* q, const bf16* k_cache, const bf16*
   }
 }
 
-// One warp per (token, query head): merges the splits' partial softmax states.
-__global__ void attention_combine_kernel(const float* partial, bf16* out, int TH, int hd, int n_splits) {
+// One warp per (token, query head) of attention_kernel's rows: merges the splits' partial
+// softmax states.
+__global__ void attention_combine_kernel(const float* partial, bf16* out, const int32_t* seq_of_token,
+                                         const int32_t* cu_seqlens, int t_begin, int TH, int max_chunk, int nH,
+                                         int hd, int n_splits) {
   const int th = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (th >= TH) return;
+  const int t = t_begin + th / nH, s = seq_of_token[t];
+  if (cu_seqlens[s + 1] - cu_seqlens[s] > max_chunk) return;
   const float* src = partial + int64_t(th) * n_splits * (hd + 2);
   float M = -INFINITY;
   for (int sp = 0; sp < n_splits; ++sp) M = fmaxf(M, src[sp * (hd + 2) + hd]);
@@ -114,7 +122,7 @@ __global__ void attention_combine_kernel(const float* partial, bf16* out, int TH
       const float ms = src[sp * (hd + 2) + hd];
       if (ms != -INFINITY) acc += src[sp * (hd + 2) + d] * expf(ms - M);
     }
-    out[int64_t(th) * hd + d] = to_bf16(acc / L);
+    out[(int64_t(t) * nH + th % nH) * hd + d] = to_bf16(acc / L);
   }
 }
 
@@ -141,22 +149,23 @@ int attention_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_b
 
 void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
                       int n_splits, int max_ctx, const int32_t* seq_of_token, const int32_t* cu_seqlens,
-                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int nH, int nKV,
-                      int hd, int block_size, float scale, cudaStream_t s) {
-  if (T == 0) return;
+                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int t_begin, int t_end,
+                      int max_chunk, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s) {
+  const int n_rows = t_end - t_begin;
+  if (n_rows <= 0) return;
   DS_ASSERT(hd <= 32 * kMaxDimsPerLane, "attention supports head_dim <= %d, got %d", 32 * kMaxDimsPerLane, hd);
   DS_ASSERT(n_splits == 1 || partial != nullptr, "split attention needs partial buffers");
   const int split_len = (max_ctx + n_splits - 1) / n_splits;
-  const int64_t warps = int64_t(T) * nH * n_splits;
+  const int64_t warps = int64_t(n_rows) * nH * n_splits;
   const int per_block = 4;
   attention_kernel<<<static_cast<int>((warps + per_block - 1) / per_block), 32 * per_block, 0, s>>>(
-      q, k_cache, v_cache, out, partial, seq_of_token, cu_seqlens, n_past, block_tables, max_blocks, T, nH, nKV, hd,
-      block_size, scale, n_splits, split_len);
+      q, k_cache, v_cache, out, partial, seq_of_token, cu_seqlens, n_past, block_tables, max_blocks, t_begin, n_rows,
+      max_chunk, nH, nKV, hd, block_size, scale, n_splits, split_len);
   cuda_check_launch("attention", s);
   if (n_splits > 1) {
-    const int TH = T * nH;
-    attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(partial, out, TH, hd,
-                                                                                        n_splits);
+    const int TH = n_rows * nH;
+    attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(
+        partial, out, seq_of_token, cu_seqlens, t_begin, TH, max_chunk, nH, hd, n_splits);
     cuda_check_launch("attention_combine", s);
   }
 }

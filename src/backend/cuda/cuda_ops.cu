@@ -325,12 +325,32 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   bf16* vc = impl_->v_cache + kv_layer * layer_elems;
   cuda::launch_kv_append(B(k), B(v), kc, vc, impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
                          impl_->block_tables, plan_.max_blocks, T, nKV, hd, geo_.block_size, impl_->stream);
+  // Sequences with more than kDecodeChunk new tokens take the tensor-core prefill kernel when
+  // it has this head dim; the others take the split-KV kernel, over the token range holding
+  // them (the scheduler puts decodes first, so in mixed steps that range is short).
+  constexpr int kDecodeChunk = 16;
+  const bool prefill = max_chunk_ > kDecodeChunk && cuda::attention_prefill_supported(hd);
+  const int split_max_chunk = prefill ? kDecodeChunk : max_chunk_;
+  int t_begin = T, t_end = 0, split_ctx = 1;
+  for (int s = 0; s < plan_.n_seqs(); ++s) {
+    const int len = plan_.cu_seqlens[s + 1] - plan_.cu_seqlens[s];
+    if (len == 0 || len > split_max_chunk) continue;
+    t_begin = std::min(t_begin, plan_.cu_seqlens[s]);
+    t_end = std::max(t_end, plan_.cu_seqlens[s + 1]);
+    split_ctx = std::max(split_ctx, plan_.n_past[s] + len);
+  }
+  if (prefill)
+    cuda::launch_attention_prefill(B(q), kc, vc, B(out), impl_->cu_seqlens, impl_->n_past, impl_->block_tables,
+                                   plan_.max_blocks, T, plan_.n_seqs(), kDecodeChunk, nH, nKV, hd, geo_.block_size,
+                                   scale, impl_->stream);
+  if (t_end <= t_begin) return;
   const size_t budget = (options_.scratch_bytes - scratch_used_) / 4;  // leave room for the rest of the layer
-  const int n_splits = cuda::attention_splits(T, nH, hd, max_ctx_, budget);
-  float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
-  cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, max_ctx_, impl_->seq_of_token, impl_->cu_seqlens,
-                         impl_->n_past, impl_->block_tables, plan_.max_blocks, T, nH, nKV, hd, geo_.block_size, scale,
-                         impl_->stream);
+  const int n_rows = t_end - t_begin;
+  const int n_splits = cuda::attention_splits(n_rows, nH, hd, split_ctx, budget);
+  float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(n_rows) * nH * n_splits, hd + 2})) : nullptr;
+  cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, split_ctx, impl_->seq_of_token, impl_->cu_seqlens,
+                         impl_->n_past, impl_->block_tables, plan_.max_blocks, t_begin, t_end, split_max_chunk, nH,
+                         nKV, hd, geo_.block_size, scale, impl_->stream);
 }
 
 }  // namespace ds

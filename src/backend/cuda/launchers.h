@@ -77,12 +77,22 @@ void launch_kv_append(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache
 // already has enough (token, head) warps to fill the GPU or when the partial buffers
 // f32 [T, nH, n_splits, hd + 2] would exceed partial_budget_bytes.
 int attention_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes);
-// Causal GQA attention of q bf16 [T, nH, hd] over each sequence's paged cache -> out bf16 [T, nH*hd].
-// max_ctx: the longest context any token of the step attends to; partial: scratch of
-// attention_splits' size when n_splits > 1.
+// Causal GQA attention of q bf16 [T, nH, hd] over each sequence's paged cache -> out bf16 [T, nH*hd]
+// for the tokens t_begin <= t < t_end of sequences with at most max_chunk new tokens (other
+// rows are left untouched). max_ctx: the longest context any of those tokens attends to;
+// partial: scratch of attention_splits(t_end - t_begin, ...)'s size when n_splits > 1.
 void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
                       int n_splits, int max_ctx, const int32_t* seq_of_token, const int32_t* cu_seqlens,
-                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int nH, int nKV,
-                      int hd, int block_size, float scale, cudaStream_t s);
+                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int t_begin, int t_end,
+                      int max_chunk, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s);
+// Whether launch_attention_prefill has a kernel for this head dim (64, 128, 256).
+bool attention_prefill_supported(int hd);
+// Tensor-core causal GQA attention (flash, tiles of 128 query rows) for the sequences with more
+// than min_len new tokens; rows of the other sequences are left untouched. Same q, caches and
+// out as launch_attention; cu_seqlens i32 [n_seqs + 1].
+void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,
+                              const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables,
+                              int max_blocks, int T, int n_seqs, int min_len, int nH, int nKV, int hd, int block_size,
+                              float scale, cudaStream_t s);
 
 }  // namespace ds::cuda
