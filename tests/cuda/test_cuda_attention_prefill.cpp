@@ -185,8 +185,8 @@ TEST_F(AttentionPrefillTest, HeadDim128) {
 }
 
 // 27B shape (nH 24, nKV 4, hd 256): a 4096-token chunk without context (the flash kernel's
-// output against the split-KV kernel's, and both timed), then a 4096-token chunk on 45056
-// cached tokens (flash kernel only).
+// output against the split-KV kernel's, and both timed), then 4096- and 256-token chunks on
+// 45056 cached tokens (flash kernel only; the 256-token chunk splits its keys).
 TEST_F(AttentionPrefillTest, Speed27B) {
   const int nH = 24, nKV = 4, hd = 256, bs = 16;
   const int T = 4096, long_past = 45056;
@@ -226,19 +226,25 @@ TEST_F(AttentionPrefillTest, Speed27B) {
     cudaEventElapsedTime(&ms, e0, e1);
     return ms / reps;
   };
-  for (int n_past : {0, long_past}) {
-    const std::vector<int32_t> past = {n_past};
+  const size_t partial_budget = size_t(64) << 20;
+  Tensor partial = gpu->alloc(DType::kF32, {int64_t(partial_budget / 4)});
+  for (auto [n_new, n_past] : std::vector<std::pair<int, int>>{{T, 0}, {T, long_past}, {256, long_past}}) {
+    const std::vector<int32_t> past = {n_past}, cu_new = {0, n_new};
     Tensor d_past = gpu->upload(past.data(), DType::kI32, {1}, DType::kI32);
+    Tensor d_cu_new = gpu->upload(cu_new.data(), DType::kI32, {2}, DType::kI32);
     auto* past_p = static_cast<const int32_t*>(d_past.data);
+    const int n_splits = cuda::attention_prefill_splits(n_new, nH, hd, n_past + n_new, partial_budget);
     auto flash = [&] {
-      cuda::launch_attention_prefill(bq, bk, bv, static_cast<cuda::bf16*>(out.data), cu_p, past_p, tab_p, max_blocks,
-                                     T, 1, 16, nH, nKV, hd, bs, scale, nullptr);
+      cuda::launch_attention_prefill(bq, bk, bv, static_cast<cuda::bf16*>(out.data), static_cast<float*>(partial.data),
+                                     n_splits, static_cast<const int32_t*>(d_sot.data),
+                                     static_cast<const int32_t*>(d_cu_new.data), past_p, tab_p, max_blocks, n_new, 1,
+                                     16, nH, nKV, hd, bs, scale, nullptr);
     };
     const double ms = time_ms(flash, 5);
-    const double flops = 4.0 * T * (n_past + T / 2.0) * hd * nH;  // causal: half of the new-token square
+    const double flops = 4.0 * n_new * (n_past + n_new / 2.0) * hd * nH;  // causal: half of the new-token square
     if (n_past > 0) {
-      std::printf("[figure] attention_prefill T=%d n_past=%d nH=%d nKV=%d hd=%d: %.3f ms, %.1f TFLOP/s\n", T, n_past,
-                  nH, nKV, hd, ms, flops / ms * 1e-9);
+      std::printf("[figure] attention_prefill T=%d n_past=%d nH=%d nKV=%d hd=%d splits=%d: %.3f ms, %.1f TFLOP/s\n",
+                  n_new, n_past, nH, nKV, hd, n_splits, ms, flops / ms * 1e-9);
       continue;
     }
     auto old = [&] {

@@ -98,16 +98,17 @@ __global__ void attention_kernel(const bf16* q, const bf16* k_cache, const bf16*
   }
 }
 
-// One warp per (token, query head) of attention_kernel's rows: merges the splits' partial
-// softmax states.
+// One warp per (token, query head) of the n_rows tokens from t_begin, for tokens of sequences
+// with min_chunk < new tokens <= max_chunk: merges the splits' partial softmax states.
 __global__ void attention_combine_kernel(const float* partial, bf16* out, const int32_t* seq_of_token,
-                                         const int32_t* cu_seqlens, int t_begin, int TH, int max_chunk, int nH,
-                                         int hd, int n_splits) {
+                                         const int32_t* cu_seqlens, int t_begin, int TH, int min_chunk, int max_chunk,
+                                         int nH, int hd, int n_splits) {
   const int th = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (th >= TH) return;
   const int t = t_begin + th / nH, s = seq_of_token[t];
-  if (cu_seqlens[s + 1] - cu_seqlens[s] > max_chunk) return;
+  const int len = cu_seqlens[s + 1] - cu_seqlens[s];
+  if (len <= min_chunk || len > max_chunk) return;
   const float* src = partial + int64_t(th) * n_splits * (hd + 2);
   float M = -INFINITY;
   for (int sp = 0; sp < n_splits; ++sp) M = fmaxf(M, src[sp * (hd + 2) + hd]);
@@ -162,12 +163,19 @@ void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, b
       q, k_cache, v_cache, out, partial, seq_of_token, cu_seqlens, n_past, block_tables, max_blocks, t_begin, n_rows,
       max_chunk, nH, nKV, hd, block_size, scale, n_splits, split_len);
   cuda_check_launch("attention", s);
-  if (n_splits > 1) {
-    const int TH = n_rows * nH;
-    attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(
-        partial, out, seq_of_token, cu_seqlens, t_begin, TH, max_chunk, nH, hd, n_splits);
-    cuda_check_launch("attention_combine", s);
-  }
+  if (n_splits > 1)
+    launch_attention_combine(partial, out, seq_of_token, cu_seqlens, t_begin, t_end, 0, max_chunk, nH, hd, n_splits,
+                             s);
+}
+
+void launch_attention_combine(const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                              int t_begin, int t_end, int min_chunk, int max_chunk, int nH, int hd, int n_splits,
+                              cudaStream_t s) {
+  const int TH = (t_end - t_begin) * nH, per_block = 4;
+  if (TH <= 0) return;
+  attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(
+      partial, out, seq_of_token, cu_seqlens, t_begin, TH, min_chunk, max_chunk, nH, hd, n_splits);
+  cuda_check_launch("attention_combine", s);
 }
 
 }  // namespace ds::cuda

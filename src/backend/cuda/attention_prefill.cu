@@ -3,8 +3,12 @@
 // the head's K/V in tiles of 64 keys gathered through the block table into shared memory
 // (cp.async, two stages), computes S = Q K^T and O += P V with mma.sync m16n8k16 bf16 (fp32
 // accumulate) and keeps an fp32 online softmax per row. Tiles entirely above the diagonal are
-// never loaded; only tiles that cross it are masked. Head dims 64, 128 and 256.
+// never loaded; only tiles that cross it are masked. Head dims 64, 128 and 256. Short chunks
+// on long contexts split the keys over several CTAs (split-KV) whose partial softmax states
+// attention.cu's combine kernel merges.
 #include <algorithm>
+#include <climits>
+#include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
@@ -73,14 +77,16 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// grid (nH, tile bound), kThreads threads, prefill_smem_bytes<HD>() dynamic shared memory.
-// Query tiles of the sequences with more than min_len new tokens are numbered in sequence
-// order; blockIdx.y counts them from the last, so the long last tiles of a causal prefill
-// start first.
+// grid (nH, tile bound, n_splits), kThreads threads, prefill_smem_bytes<HD>() dynamic shared
+// memory. Query tiles of the sequences with more than min_len new tokens are numbered in
+// sequence order; blockIdx.y counts them from the last, so the long last tiles of a causal
+// prefill start first. Split blockIdx.z takes its share of the tile's K/V tiles; with
+// n_splits > 1 the rows go unnormalised to partial f32 [T, nH, n_splits, HD + 2] (accumulator,
+// max, sum; the layout of attention_kernel's partials) instead of out.
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_prefill_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
-                             const bf16* __restrict__ v_cache, bf16* __restrict__ out,
+                             const bf16* __restrict__ v_cache, bf16* __restrict__ out, float* __restrict__ partial,
                              const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ n_past,
                              const int32_t* __restrict__ block_tables, int max_blocks, int n_seqs, int min_len,
                              int nH, int nKV, int block_size, float scale) {
@@ -111,6 +117,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int p_min = past + r0, p_max = past + r0 + rows - 1;  // positions of the first and last row
   const int n_keys = p_max + 1;                                // keys any row of the tile sees
   const int n_kv_tiles = (n_keys + kBN - 1) / kBN;
+  const int n_splits = gridDim.z, per_split = (n_kv_tiles + n_splits - 1) / n_splits;
+  const int kt_begin = min(n_kv_tiles, int(blockIdx.z) * per_split);  // this split's K/V tiles
+  const int kt_end = min(n_kv_tiles, kt_begin + per_split);            // (may be none)
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
 
   // Q rows (zeros past the sequence's end).
@@ -137,10 +146,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async16(smem_addr(dv + dst), v_cache + off, valid);
     }
   };
-  // cp.async group g holds K/V tile g (group 0 also Q); empty groups keep the count uniform.
-  load_kv(0, 0);
+  // cp.async group g holds K/V tile kt_begin + g (group 0 also Q); empty groups keep the count
+  // uniform.
+  if (kt_begin < kt_end) load_kv(kt_begin, 0);
   cp_async_commit();
-  if (n_kv_tiles > 1) load_kv(1, 1);
+  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1);
   cp_async_commit();
 
   // mma fragment coordinates: this thread holds rows g and g + 8 of the warp's 16 rows, and
@@ -174,10 +184,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t k_row = smem_addr(sK) + (lm_q * 8 + lm_row) * HD * 2;
   const uint32_t v_row = smem_addr(sV) + (lm_hi * 8 + lm_row) * HD * 2;
 
-  for (int kt = 0; kt < n_kv_tiles; ++kt) {
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
     cp_async_wait<1>();  // tile kt (and Q) landed for this thread ...
     __syncthreads();     // ... and for every thread
-    const int stage = kt & 1;
+    const int stage = (kt - kt_begin) & 1;
     const uint32_t k_base = k_row + stage * kBN * HD * 2;
     const uint32_t v_base = v_row + stage * kBN * HD * 2;
 
@@ -263,17 +273,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 
     __syncthreads();  // every warp is done with this stage before it is refilled
-    if (kt + 2 < n_kv_tiles) load_kv(kt + 2, stage);
+    if (kt + 2 < kt_end) load_kv(kt + 2, stage);
     cp_async_commit();
   }
   cp_async_wait<0>();
 
-  // Normalise, stage the warp's O rows in its own Q rows (no other warp reads them), then
-  // write them out as 16-byte rows.
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
   l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  if (n_splits > 1) {
+    // Unnormalised rows, max in natural-log units (as attention_kernel writes them). A split
+    // with no visible key for a row leaves max -inf and sum 0, which the combine skips.
+    constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = half ? row_b : row_a;
+      if (row >= rows) continue;
+      float* dst = partial + ((int64_t(seq_start + r0 + row) * nH + h) * n_splits + blockIdx.z) * (HD + 2);
+#pragma unroll
+      for (int i = 0; i < HD / 8; ++i)
+        *reinterpret_cast<float2*>(dst + i * 8 + 2 * c) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
+      if (c == 0) {
+        dst[HD] = (half ? m_b : m_a) * kLn2;
+        dst[HD + 1] = half ? l_b : l_a;
+      }
+    }
+    return;
+  }
+  // Normalise, stage the warp's O rows in its own Q rows (no other warp reads them), then
+  // write them out as 16-byte rows.
   const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
 #pragma unroll
   for (int i = 0; i < HD / 8; ++i) {
@@ -291,9 +320,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <int HD>
-void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, const int32_t* cu_seqlens,
-                    const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
-                    int min_len, int nH, int nKV, int block_size, float scale, cudaStream_t s) {
+void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, int n_splits,
+                    const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
+                    int T, int n_seqs, int min_len, int nH, int nKV, int block_size, float scale, cudaStream_t s) {
   constexpr int smem = prefill_smem_bytes<HD>();
   static const bool configured = [] {  // once per head dim: more than the default 48 KiB
     CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -301,8 +330,8 @@ void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf1
   }();
   (void)configured;
   // Every sequence of len tokens has ceil(len / kBM) <= len / kBM + 1 tiles.
-  const dim3 grid(nH, (T + kBM - 1) / kBM + n_seqs);
-  attention_prefill_kernel<HD><<<grid, kThreads, smem, s>>>(q, k_cache, v_cache, out, cu_seqlens, n_past,
+  const dim3 grid(nH, (T + kBM - 1) / kBM + n_seqs, n_splits);
+  attention_prefill_kernel<HD><<<grid, kThreads, smem, s>>>(q, k_cache, v_cache, out, partial, cu_seqlens, n_past,
                                                             block_tables, max_blocks, n_seqs, min_len, nH, nKV,
                                                             block_size, scale);
   cuda_check_launch("attention_prefill", s);
@@ -312,22 +341,40 @@ void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf1
 
 bool attention_prefill_supported(int hd) { return hd == 64 || hd == 128 || hd == 256; }
 
-void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out,
-                              const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables,
-                              int max_blocks, int T, int n_seqs, int min_len, int nH, int nKV, int hd, int block_size,
-                              float scale, cudaStream_t s) {
+int attention_prefill_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes) {
+  constexpr int kMinSplitKeys = 512;  // K/V tiles per split worth a partial write and a combine
+  static const int n_sms = [] {
+    int device = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  const int ctas = std::max(1, (T + kBM - 1) / kBM) * nH;  // one CTA per SM: aim for two waves
+  int n = std::min((2 * n_sms + ctas - 1) / ctas, max_ctx / kMinSplitKeys);
+  const size_t per_split = size_t(T) * nH * (hd + 2) * sizeof(float);
+  if (n > 1 && size_t(n) * per_split > partial_budget_bytes) n = static_cast<int>(partial_budget_bytes / per_split);
+  return std::max(n, 1);
+}
+
+void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
+                              int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                              const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
+                              int min_len, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(attention_prefill_supported(hd), "attention_prefill: head_dim %d unsupported", hd);
   DS_ASSERT(nKV > 0 && nH % nKV == 0, "attention_prefill: %d query heads over %d kv heads", nH, nKV);
+  DS_ASSERT(n_splits == 1 || partial != nullptr, "split attention_prefill needs partial buffers");
   if (hd == 64)
-    launch_prefill<64>(q, k_cache, v_cache, out, cu_seqlens, n_past, block_tables, max_blocks, T, n_seqs, min_len, nH,
-                       nKV, block_size, scale, s);
+    launch_prefill<64>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
+                       n_seqs, min_len, nH, nKV, block_size, scale, s);
   else if (hd == 128)
-    launch_prefill<128>(q, k_cache, v_cache, out, cu_seqlens, n_past, block_tables, max_blocks, T, n_seqs, min_len,
-                        nH, nKV, block_size, scale, s);
+    launch_prefill<128>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
+                        n_seqs, min_len, nH, nKV, block_size, scale, s);
   else
-    launch_prefill<256>(q, k_cache, v_cache, out, cu_seqlens, n_past, block_tables, max_blocks, T, n_seqs, min_len,
-                        nH, nKV, block_size, scale, s);
+    launch_prefill<256>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
+                        n_seqs, min_len, nH, nKV, block_size, scale, s);
+  if (n_splits > 1)
+    launch_attention_combine(partial, out, seq_of_token, cu_seqlens, 0, T, min_len, INT_MAX, nH, hd, n_splits, s);
 }
 
 }  // namespace ds::cuda

@@ -339,12 +339,17 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
     t_end = std::max(t_end, plan_.cu_seqlens[s + 1]);
     split_ctx = std::max(split_ctx, plan_.n_past[s] + len);
   }
-  if (prefill)
-    cuda::launch_attention_prefill(B(q), kc, vc, B(out), impl_->cu_seqlens, impl_->n_past, impl_->block_tables,
-                                   plan_.max_blocks, T, plan_.n_seqs(), kDecodeChunk, nH, nKV, hd, geo_.block_size,
-                                   scale, impl_->stream);
-  if (t_end <= t_begin) return;
   const size_t budget = (options_.scratch_bytes - scratch_used_) / 4;  // leave room for the rest of the layer
+  if (prefill) {
+    const size_t mark = scratch_mark();
+    const int n_splits = cuda::attention_prefill_splits(T, nH, hd, max_ctx_, budget);
+    float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
+    cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
+                                   impl_->n_past, impl_->block_tables, plan_.max_blocks, T, plan_.n_seqs(),
+                                   kDecodeChunk, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
+    scratch_release(mark);  // queued work runs before the memory is handed out again
+  }
+  if (t_end <= t_begin) return;
   const int n_rows = t_end - t_begin;
   const int n_splits = cuda::attention_splits(n_rows, nH, hd, split_ctx, budget);
   float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(n_rows) * nH * n_splits, hd + 2})) : nullptr;
