@@ -2,8 +2,8 @@
 // head, group of 8 query rows) with an online softmax over K/V tiles in shared memory, so one
 // tile load serves every query head of the KV group and every token of a verify block (GQA
 // packing); splits of a long context run in parallel and are merged by a combine kernel
-// (split-KV). Correct for any step shape (head_dim <= 256, a multiple of 8); a tensor-core
-// flash prefill kernel is future work.
+// (split-KV). Correct for any step shape (head_dim <= 256, a multiple of 8); steps with long
+// chunks give those sequences to the tensor-core kernel of attention_prefill.cu.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -49,11 +49,13 @@ constexpr int kPad = 8;                             // bf16 padding per smem row
 // so a tile's bytes serve all heads of the group and all tokens of a verify block (GQA
 // packing). Per tile, lane = key for the scores, lane = 8 head dims for P.V. With
 // n_splits == 1 the normalised output is written; otherwise the split's unnormalised
-// accumulator and (max, sum) go to `partial` f32 [T, nH, n_splits, hd + 2].
+// accumulator and (max, sum) go to `partial` f32 [t_end - t_begin, nH, n_splits, hd + 2]
+// (rows from t_begin). Sequences with more than max_chunk new tokens are left to the prefill
+// kernel.
 __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
     const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, const int32_t* cu_seqlens,
     const int32_t* n_past, const int32_t* block_tables, int max_blocks, int nH, int nKV, int hd, int block_size,
-    float scale, int n_splits, int split_len, int row_groups) {
+    float scale, int n_splits, int split_len, int row_groups, int t_begin, int max_chunk) {
   __shared__ __align__(16) bf16 ks[kTileKeys][kMaxHeadDim + kPad];
   __shared__ __align__(16) bf16 vs[kTileKeys][kMaxHeadDim + kPad];
   __shared__ __align__(16) float qs[kRowsPerCta][kMaxHeadDim];
@@ -63,7 +65,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
   const int G = nH / nKV;
   const int t0 = cu_seqlens[s], n_tok = cu_seqlens[s + 1] - t0;
   const int row0 = rg * kRowsPerCta;
-  if (row0 >= n_tok * G) return;
+  if (row0 >= n_tok * G || n_tok > max_chunk) return;  // longer sequences: the prefill kernel
   const int past = n_past[s];
   const int last_row = min(row0 + kRowsPerCta, n_tok * G) - 1;
   const int j0 = split * split_len;
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
         for (int e = 0; e < 8; ++e) out[th * hd + 8 * lane + e] = to_bf16(acc[r][e] / l[r]);
       continue;
     }
-    float* dst = partial + (th * n_splits + split) * (hd + 2);
+    float* dst = partial + ((th - int64_t(t_begin) * nH) * n_splits + split) * (hd + 2);
     if (8 * lane < hd)
 #pragma unroll
       for (int e = 0; e < 8; ++e) dst[8 * lane + e] = acc[r][e];
@@ -166,11 +168,17 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
   }
 }
 
-// One warp per (token, query head): merges the splits' partial softmax states.
-__global__ void attention_combine_kernel(const float* partial, bf16* out, int TH, int hd, int n_splits) {
+// One warp per (token, query head) of the n_rows tokens from t_begin, for tokens of sequences
+// with min_chunk < new tokens <= max_chunk: merges the splits' partial softmax states.
+__global__ void attention_combine_kernel(const float* partial, bf16* out, const int32_t* seq_of_token,
+                                         const int32_t* cu_seqlens, int t_begin, int TH, int min_chunk, int max_chunk,
+                                         int nH, int hd, int n_splits) {
   const int th = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (th >= TH) return;
+  const int t = t_begin + th / nH, s = seq_of_token[t];
+  const int len = cu_seqlens[s + 1] - cu_seqlens[s];
+  if (len <= min_chunk || len > max_chunk) return;
   const float* src = partial + int64_t(th) * n_splits * (hd + 2);
   float M = -INFINITY;
   for (int sp = 0; sp < n_splits; ++sp) M = fmaxf(M, src[sp * (hd + 2) + hd]);
@@ -185,7 +193,7 @@ __global__ void attention_combine_kernel(const float* partial, bf16* out, int TH
       const float ms = src[sp * (hd + 2) + hd];
       if (ms != -INFINITY) acc += src[sp * (hd + 2) + d] * expf(ms - M);
     }
-    out[int64_t(th) * hd + d] = to_bf16(acc / L);
+    out[(int64_t(t) * nH + th % nH) * hd + d] = to_bf16(acc / L);
   }
 }
 
@@ -217,10 +225,10 @@ int attention_splits(int n_seqs, int row_groups, int nH, int nKV, int hd, int T,
 }
 
 void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
-                      int n_splits, int row_groups, int max_ctx, const int32_t* cu_seqlens, const int32_t* n_past,
-                      const int32_t* block_tables, int max_blocks, int T, int n_seqs, int nH, int nKV, int hd,
-                      int block_size, float scale, cudaStream_t s) {
-  if (T == 0) return;
+                      int n_splits, int row_groups, int max_ctx, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int t_begin, int t_end,
+                      int n_seqs, int max_chunk, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s) {
+  if (t_end <= t_begin) return;
   DS_ASSERT(hd <= kMaxHeadDim && hd % 8 == 0, "attention supports head_dim <= %d and a multiple of 8, got %d",
             kMaxHeadDim, hd);
   DS_ASSERT(nH % nKV == 0, "query heads %d not a multiple of KV heads %d", nH, nKV);
@@ -231,14 +239,21 @@ void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, b
   const dim3 grid(n_splits, nKV, n_seqs * row_groups);
   attention_kernel<<<grid, kWarps * 32, 0, s>>>(q, k_cache, v_cache, out, partial, cu_seqlens, n_past, block_tables,
                                                 max_blocks, nH, nKV, hd, block_size, scale, n_splits, split_len,
-                                                row_groups);
+                                                row_groups, t_begin, max_chunk);
   cuda_check_launch("attention", s);
-  if (n_splits > 1) {
-    const int TH = T * nH, per_block = 4;
-    attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(partial, out, TH, hd,
-                                                                                        n_splits);
-    cuda_check_launch("attention_combine", s);
-  }
+  if (n_splits > 1)
+    launch_attention_combine(partial, out, seq_of_token, cu_seqlens, t_begin, t_end, 0, max_chunk, nH, hd, n_splits,
+                             s);
+}
+
+void launch_attention_combine(const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                              int t_begin, int t_end, int min_chunk, int max_chunk, int nH, int hd, int n_splits,
+                              cudaStream_t s) {
+  const int TH = (t_end - t_begin) * nH, per_block = 4;
+  if (TH <= 0) return;
+  attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(
+      partial, out, seq_of_token, cu_seqlens, t_begin, TH, min_chunk, max_chunk, nH, hd, n_splits);
+  cuda_check_launch("attention_combine", s);
 }
 
 }  // namespace ds::cuda

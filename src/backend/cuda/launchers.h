@@ -81,12 +81,34 @@ int attention_row_groups(int max_chunk, int nH, int nKV);
 // f32 [T, nH, n_splits, hd + 2] would exceed partial_budget_bytes.
 int attention_splits(int n_seqs, int row_groups, int nH, int nKV, int hd, int T, int max_ctx,
                      size_t partial_budget_bytes);
-// Causal GQA attention of q bf16 [T, nH, hd] over each sequence's paged cache -> out bf16 [T, nH*hd].
-// max_ctx: the longest context any token of the step attends to; row_groups from
-// attention_row_groups(longest chunk); partial: scratch of attention_splits' size when n_splits > 1.
+// Causal GQA attention of q bf16 [T, nH, hd] over each sequence's paged cache -> out bf16
+// [T, nH*hd] for the sequences with at most max_chunk new tokens, whose tokens lie in
+// [t_begin, t_end) (other rows are left untouched). max_ctx: the longest context any of those
+// tokens attends to; row_groups from attention_row_groups(max_chunk); partial: f32
+// [t_end - t_begin, nH, n_splits, hd + 2] when n_splits > 1.
 void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
-                      int n_splits, int row_groups, int max_ctx, const int32_t* cu_seqlens, const int32_t* n_past,
-                      const int32_t* block_tables, int max_blocks, int T, int n_seqs, int nH, int nKV, int hd,
-                      int block_size, float scale, cudaStream_t s);
+                      int n_splits, int row_groups, int max_ctx, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                      const int32_t* n_past, const int32_t* block_tables, int max_blocks, int t_begin, int t_end,
+                      int n_seqs, int max_chunk, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s);
+// Merges split partials f32 [t_end - t_begin, nH, n_splits, hd + 2] (accumulator, max, sum)
+// into out bf16 [T, nH*hd] for the tokens t_begin <= t < t_end of sequences with
+// min_chunk < new tokens <= max_chunk.
+void launch_attention_combine(const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                              int t_begin, int t_end, int min_chunk, int max_chunk, int nH, int hd, int n_splits,
+                              cudaStream_t s);
+// Whether launch_attention_prefill has a kernel for this head dim (64, 128, 256).
+bool attention_prefill_supported(int hd);
+// Key splits for launch_attention_prefill: enough CTAs for two waves on this GPU when the step
+// has few query tiles and long contexts (at least 512 keys per split), within the partial
+// budget (f32 [T, nH, n_splits, hd + 2]).
+int attention_prefill_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes);
+// Tensor-core causal GQA attention (flash, tiles of 128 query rows) for the sequences with more
+// than min_len new tokens; rows of the other sequences are left untouched. Same q, caches and
+// out as launch_attention; cu_seqlens i32 [n_seqs + 1]; partial: scratch of
+// attention_prefill_splits' size when n_splits > 1.
+void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
+                              int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                              const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
+                              int min_len, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s);
 
 }  // namespace ds::cuda

@@ -1,0 +1,380 @@
+// Tensor-core flash-attention prefill over the paged KV cache (FlashAttention-2 scheme): a CTA
+// of 8 warps owns 128 query rows (consecutive tokens of one sequence, one query head), streams
+// the head's K/V in tiles of 64 keys gathered through the block table into shared memory
+// (cp.async, two stages), computes S = Q K^T and O += P V with mma.sync m16n8k16 bf16 (fp32
+// accumulate) and keeps an fp32 online softmax per row. Tiles entirely above the diagonal are
+// never loaded; only tiles that cross it are masked. Head dims 64, 128 and 256. Short chunks
+// on long contexts split the keys over several CTAs (split-KV) whose partial softmax states
+// attention.cu's combine kernel merges.
+#include <algorithm>
+#include <climits>
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launchers.h"
+
+namespace ds::cuda {
+
+namespace {
+
+constexpr int kBM = 128;              // query rows per CTA
+constexpr int kBN = 64;               // keys per K/V tile
+constexpr int kWarps = kBM / 16;      // each warp owns 16 query rows
+constexpr int kThreads = 32 * kWarps;
+
+// Shared memory (bf16): Q [kBM, HD], K [2][kBN, HD], V [2][kBN, HD]; hd 256: 192 KiB.
+template <int HD>
+constexpr int prefill_smem_bytes() {
+  return (kBM + 4 * kBN) * HD * 2;
+}
+
+// Element offset of (row, 16-byte chunk) in a [rows, HD] bf16 tile. The chunk index is XORed
+// with row % 8 so the 8 rows an ldmatrix phase reads (same logical chunk) hit 8 different
+// bank groups.
+template <int HD>
+__device__ __forceinline__ int swz(int row, int chunk) {
+  return row * HD + ((chunk ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; when !valid nothing is read and zeros are written.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// c f32 [16, 8] += a bf16 [16, 16] (row major) . b bf16 [16, 8] (column major)
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as bf16x2, `lo` in the low half (the lower column of an mma fragment).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// grid (nH, tile bound, n_splits), kThreads threads, prefill_smem_bytes<HD>() dynamic shared
+// memory. Query tiles of the sequences with more than min_len new tokens are numbered in
+// sequence order; blockIdx.y counts them from the last, so the long last tiles of a causal
+// prefill start first. Split blockIdx.z takes its share of the tile's K/V tiles; with
+// n_splits > 1 the rows go unnormalised to partial f32 [T, nH, n_splits, HD + 2] (accumulator,
+// max, sum; the layout of attention_kernel's partials) instead of out.
+template <int HD>
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_prefill_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+                             const bf16* __restrict__ v_cache, bf16* __restrict__ out, float* __restrict__ partial,
+                             const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ n_past,
+                             const int32_t* __restrict__ block_tables, int max_blocks, int n_seqs, int min_len,
+                             int nH, int nKV, int block_size, float scale) {
+  constexpr int CH = HD / 8;  // 16-byte chunks per row
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [kBM, HD]
+  bf16* sK = sQ + kBM * HD;                      // [2][kBN, HD]
+  bf16* sV = sK + 2 * kBN * HD;                  // [2][kBN, HD]
+
+  // This CTA's (sequence, tile).
+  int tile = gridDim.y - 1 - blockIdx.y;
+  int s = 0;
+  for (; s < n_seqs; ++s) {
+    const int len = cu_seqlens[s + 1] - cu_seqlens[s];
+    if (len <= min_len) continue;
+    const int n_tiles = (len + kBM - 1) / kBM;
+    if (tile < n_tiles) break;
+    tile -= n_tiles;
+  }
+  if (s == n_seqs) return;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int h = blockIdx.x, kvh = h / (nH / nKV);
+  const int seq_start = cu_seqlens[s];
+  const int r0 = tile * kBM;                                 // first row's index in the sequence
+  const int rows = min(kBM, cu_seqlens[s + 1] - seq_start - r0);  // valid query rows
+  const int past = n_past[s];
+  const int p_min = past + r0, p_max = past + r0 + rows - 1;  // positions of the first and last row
+  const int n_keys = p_max + 1;                                // keys any row of the tile sees
+  const int n_kv_tiles = (n_keys + kBN - 1) / kBN;
+  const int n_splits = gridDim.z, per_split = (n_kv_tiles + n_splits - 1) / n_splits;
+  const int kt_begin = min(n_kv_tiles, int(blockIdx.z) * per_split);  // this split's K/V tiles
+  const int kt_end = min(n_kv_tiles, kt_begin + per_split);            // (may be none)
+  const int32_t* table = block_tables + int64_t(s) * max_blocks;
+
+  // Q rows (zeros past the sequence's end).
+#pragma unroll
+  for (int i = 0; i < kBM * CH / kThreads; ++i) {
+    const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
+    const bool valid = row < rows;
+    const bf16* src = valid ? q + (int64_t(seq_start + r0 + row) * nH + h) * HD + ch * 8 : q;
+    cp_async16(smem_addr(sQ + swz<HD>(row, ch)), src, valid);
+  }
+  // K/V tile `kt` into stage `stage` (zeros for keys >= n_keys: they are masked below).
+  auto load_kv = [&](int kt, int stage) {
+    bf16* dk = sK + stage * kBN * HD;
+    bf16* dv = sV + stage * kBN * HD;
+#pragma unroll 2  // fully unrolled, the table lookups spill at hd 256
+    for (int i = 0; i < kBN * CH / kThreads; ++i) {
+      const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
+      const int j = kt * kBN + row;
+      const bool valid = j < n_keys;
+      int64_t off = 0;
+      if (valid) off = ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
+      const int dst = swz<HD>(row, ch);
+      cp_async16(smem_addr(dk + dst), k_cache + off, valid);
+      cp_async16(smem_addr(dv + dst), v_cache + off, valid);
+    }
+  };
+  // cp.async group g holds K/V tile kt_begin + g (group 0 also Q); empty groups keep the count
+  // uniform.
+  if (kt_begin < kt_end) load_kv(kt_begin, 0);
+  cp_async_commit();
+  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1);
+  cp_async_commit();
+
+  // mma fragment coordinates: this thread holds rows g and g + 8 of the warp's 16 rows, and
+  // columns 2c, 2c + 1 of every 8-column n-tile.
+  const int g = lane >> 2, c = lane & 3;
+  const int row_a = warp * 16 + g, row_b = row_a + 8;
+  // Causal limits; rows past the sequence's end reuse the last row's (never written).
+  const int pos_a = past + r0 + min(row_a, rows - 1);
+  const int pos_b = past + r0 + min(row_b, rows - 1);
+  const float scale_log2 = scale * 1.4426950408889634f;  // softmax in base 2
+
+  float o[HD / 8][4];  // O f32 [16, HD] of this warp, as HD/8 n-tiles
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY;  // running row max (scaled, base 2)
+  float l_a = 0.f, l_b = 0.f;              // running row sum, this thread's columns only
+
+  // ldmatrix addresses of this lane (see the fragment layouts of mma m16n8k16): lane supplies
+  // row lm_row of matrix lane / 8. Chunk 2 k + x (k a 16-dim step, x = lm_hi or lm_q) of a row
+  // r with r % 8 == lm_row sits at byte 128 (k / 4) + sw_x[k % 4] of the row (swz), so four
+  // per-lane offsets and compile-time constants address every fragment.
+  const int lm_row = lane & 7, lm_hi = (lane >> 3) & 1, lm_q = lane >> 4;
+  uint32_t sw_hi[4], sw_q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    sw_hi[i] = ((2 * i + lm_hi) ^ lm_row) << 4;
+    sw_q[i] = ((2 * i + lm_q) ^ lm_row) << 4;
+  }
+  // row starts (bytes): Q rows 16 warp + 8 lm_hi + lm_row, K rows 8 lm_q + lm_row, V rows 8 lm_hi + lm_row
+  const uint32_t q_row = smem_addr(sQ) + (warp * 16 + lm_hi * 8 + lm_row) * HD * 2;
+  const uint32_t k_row = smem_addr(sK) + (lm_q * 8 + lm_row) * HD * 2;
+  const uint32_t v_row = smem_addr(sV) + (lm_hi * 8 + lm_row) * HD * 2;
+
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    cp_async_wait<1>();  // tile kt (and Q) landed for this thread ...
+    __syncthreads();     // ... and for every thread
+    const int stage = (kt - kt_begin) & 1;
+    const uint32_t k_base = k_row + stage * kBN * HD * 2;
+    const uint32_t v_base = v_row + stage * kBN * HD * 2;
+
+    // S f32 [16, kBN] = Q_warp . K_tile^T
+    float sc[kBN / 8][4];
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; ++kk) {
+      uint32_t a[4];  // Q rows 8 lm_hi + lm_row of the warp, dims 16 kk + 8 lm_q ..
+      ldmatrix_x4(a, q_row + (kk / 4) * 128 + sw_q[kk % 4]);
+#pragma unroll
+      for (int nb = 0; nb < kBN / 16; ++nb) {
+        uint32_t b[4];  // keys 16 nb + 8 lm_q + lm_row, dims 16 kk + 8 lm_hi ..
+        ldmatrix_x4(b, k_base + nb * 16 * HD * 2 + (kk / 4) * 128 + sw_hi[kk % 4]);
+        mma_bf16(sc[2 * nb], a, b[0], b[1]);
+        mma_bf16(sc[2 * nb + 1], a, b[2], b[3]);
+      }
+    }
+
+    // Online softmax; only tiles reaching past the first row's position need the mask.
+    const int kv0 = kt * kBN;
+    const bool masked = kv0 + kBN - 1 > p_min;
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = sc[i][e] * scale_log2;
+        const int key = kv0 + i * 8 + 2 * c + (e & 1);
+        if (masked && key > (e < 2 ? pos_a : pos_b)) v = -INFINITY;
+        sc[i][e] = v;
+      }
+      mx_a = fmaxf(mx_a, fmaxf(sc[i][0], sc[i][1]));
+      mx_b = fmaxf(mx_b, fmaxf(sc[i][2], sc[i][3]));
+    }
+    // the 4 threads of a row (same g) hold its 64 columns
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 1));
+    mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, 2));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 1));
+    mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, 2));
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    // A row with no visible key so far keeps max -inf; subtract 0 then (all its p are 0).
+    const float base_a = mn_a == -INFINITY ? 0.f : mn_a;
+    const float base_b = mn_b == -INFINITY ? 0.f : mn_b;
+    const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
+    m_a = mn_a;
+    m_b = mn_b;
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int i = 0; i < kBN / 8; ++i) {
+      sc[i][0] = exp2f(sc[i][0] - base_a);
+      sc[i][1] = exp2f(sc[i][1] - base_a);
+      sc[i][2] = exp2f(sc[i][2] - base_b);
+      sc[i][3] = exp2f(sc[i][3] - base_b);
+      sum_a += sc[i][0] + sc[i][1];
+      sum_b += sc[i][2] + sc[i][3];
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+#pragma unroll
+    for (int i = 0; i < HD / 8; ++i) {
+      o[i][0] *= corr_a;
+      o[i][1] *= corr_a;
+      o[i][2] *= corr_b;
+      o[i][3] *= corr_b;
+    }
+
+    // O f32 [16, HD] += P bf16 [16, kBN] . V_tile bf16 [kBN, HD]; the S accumulators of
+    // n-tiles 2 kk and 2 kk + 1 are exactly the A fragment of keys 16 kk ..
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      const uint32_t a[4] = {pack_bf16x2(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16x2(sc[2 * kk][2], sc[2 * kk][3]),
+                             pack_bf16x2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                             pack_bf16x2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int db = 0; db < HD / 16; ++db) {
+        uint32_t b[4];  // keys 16 kk + 8 lm_hi + lm_row, dims 16 db + 8 lm_q .. (transposed)
+        ldmatrix_x4_trans(b, v_base + kk * 16 * HD * 2 + (db / 4) * 128 + sw_q[db % 4]);
+        mma_bf16(o[2 * db], a, b[0], b[1]);
+        mma_bf16(o[2 * db + 1], a, b[2], b[3]);
+      }
+    }
+
+    __syncthreads();  // every warp is done with this stage before it is refilled
+    if (kt + 2 < kt_end) load_kv(kt + 2, stage);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 1);
+  l_a += __shfl_xor_sync(0xffffffffu, l_a, 2);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
+  l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
+  if (n_splits > 1) {
+    // Unnormalised rows, max in natural-log units (as attention_kernel writes them). A split
+    // with no visible key for a row leaves max -inf and sum 0, which the combine skips.
+    constexpr float kLn2 = 0.6931471805599453f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = half ? row_b : row_a;
+      if (row >= rows) continue;
+      float* dst = partial + ((int64_t(seq_start + r0 + row) * nH + h) * n_splits + blockIdx.z) * (HD + 2);
+#pragma unroll
+      for (int i = 0; i < HD / 8; ++i)
+        *reinterpret_cast<float2*>(dst + i * 8 + 2 * c) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
+      if (c == 0) {
+        dst[HD] = (half ? m_b : m_a) * kLn2;
+        dst[HD + 1] = half ? l_b : l_a;
+      }
+    }
+    return;
+  }
+  // Normalise, stage the warp's O rows in its own Q rows (no other warp reads them), then
+  // write them out as 16-byte rows.
+  const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+#pragma unroll
+  for (int i = 0; i < HD / 8; ++i) {
+    *reinterpret_cast<uint32_t*>(sQ + swz<HD>(row_a, i) + 2 * c) = pack_bf16x2(o[i][0] * inv_a, o[i][1] * inv_a);
+    *reinterpret_cast<uint32_t*>(sQ + swz<HD>(row_b, i) + 2 * c) = pack_bf16x2(o[i][2] * inv_b, o[i][3] * inv_b);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * CH / 32; ++i) {
+    const int id = lane + 32 * i, r = warp * 16 + id / CH, ch = id % CH;
+    if (r < rows)
+      *reinterpret_cast<uint4*>(out + (int64_t(seq_start + r0 + r) * nH + h) * HD + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQ + swz<HD>(r, ch));
+  }
+}
+
+template <int HD>
+void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, int n_splits,
+                    const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
+                    int T, int n_seqs, int min_len, int nH, int nKV, int block_size, float scale, cudaStream_t s) {
+  constexpr int smem = prefill_smem_bytes<HD>();
+  static const bool configured = [] {  // once per head dim: more than the default 48 KiB
+    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
+  // Every sequence of len tokens has ceil(len / kBM) <= len / kBM + 1 tiles.
+  const dim3 grid(nH, (T + kBM - 1) / kBM + n_seqs, n_splits);
+  attention_prefill_kernel<HD><<<grid, kThreads, smem, s>>>(q, k_cache, v_cache, out, partial, cu_seqlens, n_past,
+                                                            block_tables, max_blocks, n_seqs, min_len, nH, nKV,
+                                                            block_size, scale);
+  cuda_check_launch("attention_prefill", s);
+}
+
+}  // namespace
+
+bool attention_prefill_supported(int hd) { return hd == 64 || hd == 128 || hd == 256; }
+
+int attention_prefill_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes) {
+  constexpr int kMinSplitKeys = 512;  // K/V tiles per split worth a partial write and a combine
+  static const int n_sms = [] {
+    int device = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  const int ctas = std::max(1, (T + kBM - 1) / kBM) * nH;  // one CTA per SM: aim for two waves
+  int n = std::min((2 * n_sms + ctas - 1) / ctas, max_ctx / kMinSplitKeys);
+  const size_t per_split = size_t(T) * nH * (hd + 2) * sizeof(float);
+  if (n > 1 && size_t(n) * per_split > partial_budget_bytes) n = static_cast<int>(partial_budget_bytes / per_split);
+  return std::max(n, 1);
+}
+
+void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
+                              int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+                              const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
+                              int min_len, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s) {
+  if (T == 0) return;
+  DS_ASSERT(attention_prefill_supported(hd), "attention_prefill: head_dim %d unsupported", hd);
+  DS_ASSERT(nKV > 0 && nH % nKV == 0, "attention_prefill: %d query heads over %d kv heads", nH, nKV);
+  DS_ASSERT(n_splits == 1 || partial != nullptr, "split attention_prefill needs partial buffers");
+  if (hd == 64)
+    launch_prefill<64>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
+                       n_seqs, min_len, nH, nKV, block_size, scale, s);
+  else if (hd == 128)
+    launch_prefill<128>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
+                        n_seqs, min_len, nH, nKV, block_size, scale, s);
+  else
+    launch_prefill<256>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
+                        n_seqs, min_len, nH, nKV, block_size, scale, s);
+  if (n_splits > 1)
+    launch_attention_combine(partial, out, seq_of_token, cu_seqlens, 0, T, min_len, INT_MAX, nH, hd, n_splits, s);
+}
+
+}  // namespace ds::cuda
