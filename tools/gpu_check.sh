@@ -31,20 +31,22 @@ for t in test_cuda_ops test_cuda_model; do
 done
 
 # The 27B-shape model benchmark (random weights), beside the rooflines measured in the same run.
-# env: DS_SKIP_BENCH=1 skips both; DS_BENCH=w4a16 runs only the W4A16 sweep.
+# env: DS_SKIP_BENCH=1 skips it; DS_BENCH=w4a16 runs only the W4A16 sweep.
+BENCH=(.devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic)
 if [ "${DS_SKIP_BENCH:-0}" != 1 ]; then
-  [ "${DS_BENCH:-all}" = w4a16 ] || \
-  .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --json "$OUT/bench_model.jsonl" \
-    > "$OUT/bench_model.txt" 2> "$OUT/bench_model.log" || status=1
-  .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --w4a16 --prefill 1024,4096 \
-    --json "$OUT/bench_model_w4a16.jsonl" > "$OUT/bench_model_w4a16.txt" 2> "$OUT/bench_model_w4a16.log" || status=1
-  # The same decode sweep with every step on the dequantise + cuBLAS path, for comparison.
-  DS_W4A16_GEMV_MAX_TOKENS=0 .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --w4a16 \
-    --prefill 1024 > "$OUT/bench_model_w4a16_dequant.txt" 2> "$OUT/bench_model_w4a16_dequant.log" || status=1
+  "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384 --json "$OUT/bench_model_w4a16.jsonl" \
+    > "$OUT/bench_model_w4a16.txt" 2> "$OUT/bench_model_w4a16.log" || status=1
+  # Batch-1 decode with step graphs off: what the graphs save.
+  DS_CUDA_GRAPHS=0 "${BENCH[@]}" --w4a16 --batches 1 --contexts 1024 --verify 0 --prefill 0 \
+    > "$OUT/bench_model_w4a16_nographs.txt" 2> "$OUT/bench_model_w4a16_nographs.log" || status=1
+  if [ "${DS_BENCH:-all}" != w4a16 ]; then
+    "${BENCH[@]}" --batches 1,64 --contexts 1024 --verify 1,8 --prefill 4096 --json "$OUT/bench_model.jsonl" \
+      > "$OUT/bench_model.txt" 2> "$OUT/bench_model.log" || status=1
+  fi
 fi
 
 echo "== figures =="
-grep -h "\[figure\]" "$OUT"/test_cuda_model.log | sed 's/^\[figure\] //'
+grep -h "\[figure\]" "$OUT"/test_cuda_ops.log "$OUT"/test_cuda_model.log | sed 's/^\[figure\] //'
 echo "== op errors (relative RMS vs the CPU twin) =="
 python3 - "$OUT" <<'PY'
 import json, sys, os
@@ -64,9 +66,9 @@ for name in ("test_cuda_ops", "test_cuda_model"):
 PY
 echo "== bench model (27B shape, bf16 weights, synthetic) =="
 cat "$OUT/bench_model.txt" 2>/dev/null; tail -3 "$OUT/bench_model.log" 2>/dev/null
+echo "== bench model (27B shape, W4A16 linears, synthetic): step graphs off =="
+grep -E "^decode" "$OUT/bench_model_w4a16_nographs.txt" 2>/dev/null; tail -3 "$OUT/bench_model_w4a16_nographs.log" 2>/dev/null
 echo "== bench model (27B shape, W4A16 linears, synthetic) =="
 cat "$OUT/bench_model_w4a16.txt" 2>/dev/null; tail -3 "$OUT/bench_model_w4a16.log" 2>/dev/null
-echo "== the same, W4A16 through dequantise + cuBLAS only =="
-cat "$OUT/bench_model_w4a16_dequant.txt" 2>/dev/null
 cat "$OUT/gpu.txt"
 exit $status
