@@ -181,11 +181,11 @@ void launch_gdn_recurrent(const bf16* qkv, const float* g, const float* beta, vo
   const int cols = dv;
   const int threads = ((std::max(dk, cols) + 31) / 32) * 32;  // dk threads load q and k; cols threads update S
   const size_t smem = (size_t(dk) * cols + 2 * dk) * sizeof(float);
-  static const bool smem_attr_set = [] {  // once: the attribute is per kernel, not per launch
-    CUDA_CHECK(cudaFuncSetAttribute(gdn_recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
-    return true;
-  }();
-  (void)smem_attr_set;
+  static size_t smem_attr = 48 * 1024;  // the kernel's dynamic shared-memory limit, raised as needed
+  if (smem > smem_attr) {
+    CUDA_CHECK(cudaFuncSetAttribute(gdn_recurrent_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    smem_attr = smem;
+  }
   const dim3 grid(n_seqs, Hv, 1);
   gdn_recurrent_kernel<<<grid, threads, smem, s>>>(qkv, g, beta, state, state_dtype, out, cu_seqlens, n_past, slots,
                                                    Hk, Hv, dk, dv, cols);
