@@ -24,6 +24,7 @@ struct BenchModelArgs {
   bool synthetic = false;
   bool w4a16 = false;
   bool profile = false;
+  std::string lm_head_dtype = "int8";
   ModelBenchOptions o;
 };
 
@@ -40,8 +41,10 @@ void run(BenchModelArgs& a) {
   a.o.bf16_tflops = roof.bf16_tflops;
   DS_LOG_INFO("bench", "measured ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s", roof.copy_gbps, roof.bf16_tflops);
 
+  if (a.lm_head_dtype != "int8" && a.lm_head_dtype != "bf16") cli_fail("--lm-head-dtype is bf16 or int8");
   CudaOpsOptions co;
   co.scratch_bytes = size_t(6) << 30;
+  co.int8_vocab = a.lm_head_dtype == "int8";
   CudaOps ops(co);
   std::unique_ptr<Checkpoint> ck;
   std::unique_ptr<Qwen35Model> model;
@@ -60,9 +63,11 @@ void run(BenchModelArgs& a) {
     if (!m.ok()) cli_fail(m.status().message());
     model = std::move(m.value());
   }
-  // Bytes a decode step streams: every weight but the embedding table (only B rows are read).
+  // Bytes a decode step streams: every weight but the embedding table (only B rows are read;
+  // int8 rows: 1 byte per value + an f32 scale per 128).
   const ModelConfig& mc = model->config();
-  a.o.weight_bytes = double(ops.weight_bytes()) - 2.0 * mc.vocab_size * mc.hidden_size;
+  const bool int8_table = co.int8_vocab && mc.hidden_size % 128 == 0;
+  a.o.weight_bytes = double(ops.weight_bytes()) - (int8_table ? 1.0 + 4.0 / 128 : 2.0) * mc.vocab_size * mc.hidden_size;
   ops.alloc_caches(model_bench_geometry(*model, a.o));
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
   if (a.profile) cuda_profiler_start();
@@ -70,7 +75,9 @@ void run(BenchModelArgs& a) {
 
   std::printf("# ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s; weights %s, %.2f GB on the GPU, %.2f GB read per "
               "decode step\n",
-              roof.copy_gbps, roof.bf16_tflops, a.w4a16 ? "W4A16 (g128) + bf16 lm_head" : "bf16",
+              roof.copy_gbps, roof.bf16_tflops,
+              a.w4a16 ? (int8_table ? "W4A16 (g128) + int8 lm_head" : "W4A16 (g128) + bf16 lm_head")
+                      : (int8_table ? "bf16 + int8 lm_head" : "bf16"),
               ops.weight_bytes() / 1e9, a.o.weight_bytes / 1e9);
   std::printf("%-8s %6s %7s %8s %11s %12s %12s %9s\n", "kind", "batch", "tokens", "context", "ms", "tok/s",
               "roofline_ms", "of_roof");
@@ -99,6 +106,8 @@ void register_bench_model_command(CLI::App& bench) {
   m->add_flag("--synthetic", a->synthetic, "random weights of the config's shapes, drawn on the GPU");
   m->add_option("--model", a->model_dir, "benchmark a checkpoint folder instead");
   m->add_flag("--w4a16", a->w4a16, "synthetic linears as W4A16 group 128 (lm_head, in_proj_a/b stay bf16)");
+  m->add_option("--lm-head-dtype", a->lm_head_dtype, "embedding table and lm_head storage: int8 (group 128) or bf16")
+      ->capture_default_str();
   m->add_option("--batches", a->o.decode_batches, "decode batch sizes")->delimiter(',')->capture_default_str();
   m->add_option("--contexts", a->o.decode_contexts, "decode context depths")->delimiter(',')->capture_default_str();
   m->add_option("--verify", a->o.verify_tokens, "verify block sizes (batch 1; 0: none)")->delimiter(',')->capture_default_str();

@@ -1,6 +1,9 @@
 // make_backend: --device name -> backend instance.
 #include "engine/backend_factory.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "backend/cpu/cpu_ops.h"
 #include "core/log.h"
 #ifdef DS_HAVE_CUDA
@@ -29,8 +32,14 @@ Result<std::unique_ptr<Ops>> make_backend(const std::string& device) {
     return std::unique_ptr<Ops>(new CpuOps());
   }
 #ifdef DS_HAVE_CUDA
-  DS_LOG_INFO("backend", "using the CUDA backend");
-  return std::unique_ptr<Ops>(new CudaOps());
+  // env: DS_LM_HEAD_DTYPE=bf16 keeps the embedding table and lm_head in bf16 (default int8 group 128)
+  CudaOpsOptions options;
+  const char* head = std::getenv("DS_LM_HEAD_DTYPE");
+  if (head && std::string(head) != "int8" && std::string(head) != "bf16")
+    return invalid_argument("DS_LM_HEAD_DTYPE is bf16 or int8, not '" + std::string(head) + "'");
+  options.int8_vocab = !head || std::string(head) == "int8";
+  DS_LOG_INFO("backend", "using the CUDA backend (%s embedding table and lm_head)", options.int8_vocab ? "int8" : "bf16");
+  return std::unique_ptr<Ops>(new CudaOps(options));
 #else
   return unsupported("unreachable: a GPU was counted without CUDA support");
 #endif

@@ -60,9 +60,9 @@ struct MtpWeights {
 };
 
 struct ModelWeights {
-  Tensor embed;       // [V, H]
+  LinearWeight embed;    // [V, H], dense or int8 (Ops::prepare_weight)
   Tensor final_norm;  // f32 [H], 1 already added
-  LinearWeight lm_head;  // [V, H] (the embedding when tied)
+  LinearWeight lm_head;  // [V, H] (the embedding table when tied)
   std::vector<LayerWeights> layers;
   std::optional<MtpWeights> mtp;
 };
@@ -106,7 +106,7 @@ class Qwen35Model {
   Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }
   // out act [T, N] = x act [T, K] . w^T, dense or W4A16
   void linear(Tensor x, const LinearWeight& w, Tensor out) {
-    if (w.quantized()) ops_.linear_w4a16(x, w, out);
+    if (w.quantized()) ops_.linear_quantized(x, w, out);
     else ops_.linear(x, w.dense, out);
   }
 

@@ -112,10 +112,19 @@ class SyntheticSource final : public WeightSource {
 
 class Loader {
  public:
-  explicit Loader(WeightSource& src) : src_(src) {}
+  Loader(WeightSource& src, Ops& ops) : src_(src), ops_(ops) {}
 
-  Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) { return src_.matrix(name, rows, cols); }
-  Result<LinearWeight> lin(const std::string& name, int64_t rows, int64_t cols) { return src_.linear(name, rows, cols); }
+  // A weight matrix handed to the backend's prepare_weight once its values are final.
+  Result<LinearWeight> lin(const std::string& name, int64_t rows, int64_t cols, WeightRole role = WeightRole::kLinear) {
+    LinearWeight w;
+    if (role == WeightRole::kEmbedding) {
+      DS_ASSIGN_OR_RETURN(w.dense, src_.matrix(name, rows, cols));
+    } else {
+      DS_ASSIGN_OR_RETURN(w, src_.linear(name, rows, cols));
+    }
+    ops_.prepare_weight(w, role);
+    return w;
+  }
   Result<Tensor> norm(const std::string& name, int64_t n) { return src_.f32(name, {n}, n, 0, ParamKind::kNorm1p); }
 
   Status attention(const std::string& p, const ModelConfig& c, AttnWeights* a) {
@@ -154,19 +163,20 @@ class Loader {
 
  private:
   WeightSource& src_;
+  Ops& ops_;
 };
 
 // Every tensor the config implies, from `src`; the MTP head when with_mtp.
-Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, bool with_mtp) {
+Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, Ops& ops, bool with_mtp) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  Loader ld(src);
+  Loader ld(src, ops);
   ModelWeights w;
-  DS_ASSIGN_OR_RETURN(w.embed, ld.matrix("model.embed_tokens.weight", V, H));
+  DS_ASSIGN_OR_RETURN(w.embed, ld.lin("model.embed_tokens.weight", V, H, WeightRole::kEmbedding));
   DS_ASSIGN_OR_RETURN(w.final_norm, ld.norm("model.norm.weight", H));
   if (c.tie_word_embeddings) {
-    w.lm_head.dense = w.embed;
+    w.lm_head = w.embed;  // one table (in the backend's storage) serves both
   } else {
-    DS_ASSIGN_OR_RETURN(w.lm_head, ld.lin("lm_head.weight", V, H));
+    DS_ASSIGN_OR_RETURN(w.lm_head, ld.lin("lm_head.weight", V, H, WeightRole::kLmHead));
   }
   int n_gdn = 0, n_attn = 0;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -207,12 +217,12 @@ Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, bool
 Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops) {
   CheckpointSource src(ck, ops);
   // The MTP head is optional; when any mtp.* tensor exists, all of them must.
-  return build_weights(ck.config(), src, ck.has_prefix("mtp."));
+  return build_weights(ck.config(), src, ops, ck.has_prefix("mtp."));
 }
 
 Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, bool w4a16, uint64_t seed) {
   SyntheticSource src(ops, w4a16, seed);
-  return build_weights(config, src, with_mtp);
+  return build_weights(config, src, ops, with_mtp);
 }
 
 }  // namespace ds

@@ -18,16 +18,29 @@ struct GdnShape {
   int n_k_heads = 0, n_v_heads = 0, k_head_dim = 0, v_head_dim = 0;
 };
 
-// A linear layer's weight: dense act [N, K], or W4A16 as published by compressed-tensors
-// (`packed` i32 [N, K/8]: nibble j of word c is input column 8c+j, stored as q + 8;
-// `scales` f32 [N, K/group_size], signed; W[n, k] = q * scales[n, k / group_size]).
+// A weight matrix [N, K] of a linear layer (also the embedding table [V, H]): dense when
+// group_size == 0, else quantized in `format`:
+//  kW4A16      as published by compressed-tensors: `packed` i32 [N, K/8] (nibble j of word c is
+//              input column 8c+j, stored as q + 8), `scales` f32 [N, K/group_size], signed;
+//              W[n, k] = q * scales[n, k / group_size].
+//  kW4A16Tiled the same values repacked at load for the CUDA GEMV (CudaOps::prepare_weight;
+//              backend/cuda/w4a16.cu documents the layout); `rows` = N.
+//  kInt8       `packed` i8 [N, K] row-major, `scales` f32 [N, K/group_size], group_size 128,
+//              symmetric: scale = max|w| / 127, q = round(w / scale) (ops/int8_rows.h).
+enum class WeightFormat : uint8_t { kW4A16, kW4A16Tiled, kInt8 };
+
 struct LinearWeight {
-  Tensor dense;
+  Tensor dense;  // act [N, K]
   Tensor packed;
   Tensor scales;
   int group_size = 0;  // > 0: quantized
+  WeightFormat format = WeightFormat::kW4A16;
+  int64_t rows = 0;  // N of the kW4A16Tiled form (its tensors are padded to 16-row blocks)
   bool quantized() const { return group_size > 0; }
 };
+
+// What a weight is used for, so a backend can choose its storage (Ops::prepare_weight).
+enum class WeightRole : uint8_t { kLinear, kEmbedding, kLmHead };
 
 class Ops {
  public:
@@ -72,16 +85,25 @@ class Ops {
   // layout every time, reading step data only through the plan. Default: runs `record`.
   virtual std::vector<Tensor> run_step(const std::function<std::vector<Tensor>()>& record) { return record(); }
 
-  // out act [T, H] = table[plan.token_ids]; table [V, H]
-  virtual void embedding(Tensor table, Tensor out) = 0;
+  // Called by the weight loader once per weight whose values are final; the backend may convert
+  // it into its own storage. CUDA: kW4A16 -> kW4A16Tiled; a dense embedding table or lm_head ->
+  // kInt8 (CudaOpsOptions::int8_vocab). CPU: with int8 vocab tables on, the same quantisation
+  // applied in place to the fp32 values (the twin of the CUDA kernels).
+  virtual void prepare_weight(LinearWeight& w, WeightRole role) {}
+
+  // out act [T, H] = table[plan.token_ids]; table [V, H] dense or kInt8 (dequantised on gather)
+  virtual void embedding(const LinearWeight& table, Tensor out) = 0;
   // out act [R, D] = x / rms(x) * w; x act [R, D]; w f32 [D] (zero-centred norms pre-add 1 at load)
   virtual void rms_norm(Tensor x, Tensor w, float eps, Tensor out) = 0;
   // out act [T, N] = x act [T, K] . w [N, K]^T
   virtual void linear(Tensor x, Tensor w, Tensor out) = 0;
-  // Whether linear_w4a16 exists; otherwise W4A16 checkpoints are dequantised at load.
+  // Whether W4A16 weights can be kept quantized; otherwise W4A16 checkpoints are dequantised at load.
   virtual bool supports_w4a16() const { return false; }
-  // out act [T, N] = x act [T, K] . W^T for a quantized LinearWeight (see above).
-  virtual void linear_w4a16(Tensor x, const LinearWeight& w, Tensor out) { DS_FATAL("%s has no W4A16 linear", name()); }
+  // out act [T, N] = x act [T, K] . W^T for a quantized LinearWeight in a format this backend's
+  // prepare_weight produced.
+  virtual void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
+    DS_FATAL("%s has no quantized linear", name());
+  }
   // x act [R, D] += y act [R, D]
   virtual void add(Tensor x, Tensor y) = 0;
   // out act [T, I] = silu(gate) * up; gate, up act [T, I]

@@ -22,13 +22,16 @@ struct GpuEngine {
   std::unique_ptr<Runner> runner;
 };
 
-GpuEngine make_gpu_engine(const std::string& name, StateDType state = StateDType::kF16) {
+// int8_vocab off by default here: these tests hold the model math to the bf16 baseline; the
+// int8 tables are checked against the CPU twin (CudaDemoModel.Int8VocabWithinBf16OfCpuTwin).
+GpuEngine make_gpu_engine(const std::string& name, StateDType state = StateDType::kF16, bool int8_vocab = false) {
   GpuEngine e;
   auto ck = Checkpoint::open(fixture_dir(name));
   EXPECT_TRUE(ck.ok()) << ck.status().message();
   e.ck = std::move(ck.value());
   CudaOpsOptions o;
   o.state_dtype = state;
+  o.int8_vocab = int8_vocab;
   e.ops = std::make_unique<CudaOps>(o);
   auto model = Qwen35Model::load(*e.ck, *e.ops);
   EXPECT_TRUE(model.ok()) << model.status().message();
@@ -140,6 +143,27 @@ TEST(CudaDemoModel, LogitsWithinBf16OfReference) {
   while (agree < g_cpu.value().size() && g_cpu.value()[agree] == g_gpu.value()[agree]) ++agree;
   std::cout << "[figure] demo rel_rms " << err << " cpu_bf16_baseline_rel_rms " << base << " greedy_agree " << agree
             << "/32\n";
+  EXPECT_LE(err, 1.5 * base + 1e-3);
+}
+
+// The demo model with int8 embedding / lm_head tables (the CUDA default) against the CPU
+// reference holding the same int8 tables, judged like the bf16 tables against the bf16 baseline.
+TEST(CudaDemoModel, Int8VocabWithinBf16OfCpuTwin) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const std::string model = "../../models/qwen3_5-demo";  // relative to tests/data
+  std::ifstream in(fixture_dir("demo_reference") + "/reference.json");
+  ASSERT_TRUE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const auto prompt = nlohmann::json::parse(ss.str())["sequences"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  const int n = static_cast<int>(prompt.size());
+  Engine cpu = make_engine(model, 4, 64, 16, /*bf16_activations=*/false, /*int8_vocab=*/true);
+  Engine cpu_bf16 = make_engine(model, 4, 64, 16, /*bf16_activations=*/true, /*int8_vocab=*/true);
+  GpuEngine gpu = make_gpu_engine(model, StateDType::kF16, /*int8_vocab=*/true);
+  const std::vector<float> ref = prefill_logits(cpu, prompt, {n});
+  const double base = rel_rms(prefill_logits(cpu_bf16, prompt, {n}), ref);
+  const double err = rel_rms(gpu_prefill(gpu, prompt, n), ref);
+  std::cout << "[figure] demo int8 vocab rel_rms vs CPU twin " << err << " cpu_bf16_baseline_rel_rms " << base << "\n";
   EXPECT_LE(err, 1.5 * base + 1e-3);
 }
 

@@ -40,12 +40,14 @@ Reference load_reference(const std::string& name) {
   return r;
 }
 
-Engine make_engine(const std::string& name, int n_slots, int n_blocks, int block_size, bool bf16_activations) {
+Engine make_engine(const std::string& name, int n_slots, int n_blocks, int block_size, bool bf16_activations,
+                   bool int8_vocab) {
   Engine e;
   auto ck = Checkpoint::open(fixture_dir(name));
   EXPECT_TRUE(ck.ok()) << ck.status().message();
   e.ck = std::move(ck.value());
   e.ops = std::make_unique<CpuOps>(bf16_activations);
+  e.ops->set_int8_vocab(int8_vocab);
   auto model = Qwen35Model::load(*e.ck, *e.ops);
   EXPECT_TRUE(model.ok()) << model.status().message();
   e.model = std::move(model.value());

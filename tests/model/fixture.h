@@ -31,8 +31,9 @@ struct Engine {
   std::unique_ptr<Qwen35Model> model;
   std::unique_ptr<Runner> runner;
 };
+// int8_vocab: the CPU twin of the CUDA int8 embedding / lm_head tables (CpuOps::set_int8_vocab).
 Engine make_engine(const std::string& name, int n_slots = 4, int n_blocks = 64, int block_size = 16,
-                   bool bf16_activations = false);
+                   bool bf16_activations = false, bool int8_vocab = false);
 
 // max |a - b| / std(b): the parity metric of the Foundation issue.
 double max_err_over_std(const std::vector<float>& a, const std::vector<float>& b);

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/gdn_ref.h"
 #include "core/thread_pool.h"
+#include "ops/int8_rows.h"
 #include "ops/random_fill.h"
 
 namespace ds {
@@ -90,8 +91,20 @@ void CpuOps::begin_step(const StepPlan& plan) {
   plan_ = plan;
 }
 
-void CpuOps::embedding(Tensor table, Tensor out) {
+void CpuOps::prepare_weight(LinearWeight& w, WeightRole role) {
+  if (!int8_vocab_ || role == WeightRole::kLinear || w.quantized() || w.dense.dim(1) % kInt8Group != 0) return;
+  const int64_t rows = w.dense.dim(0), cols = w.dense.dim(1);
+  std::vector<int8_t> q(static_cast<size_t>(rows * cols));
+  std::vector<float> scales(static_cast<size_t>(rows * cols / kInt8Group));
+  quantize_int8_rows(w.dense.f32(), rows, cols, q.data(), scales.data());
+  float* p = w.dense.f32();
+  for (int64_t i = 0; i < rows * cols; ++i) p[i] = float(q[i]) * scales[i / kInt8Group];
+}
+
+void CpuOps::embedding(const LinearWeight& weight, Tensor out) {
   check_f32(out, "embedding out");
+  DS_ASSERT(!weight.quantized(), "the CPU embedding table is dense");
+  const Tensor& table = weight.dense;
   const int64_t H = table.dim(1), V = table.dim(0);
   for (int t = 0; t < plan_.n_tokens(); ++t) {
     const int id = plan_.token_ids[t];

@@ -24,6 +24,9 @@ class CpuOps final : public Ops {
   const char* name() const override { return "cpu"; }
   DType act_dtype() const override { return DType::kF32; }
   void set_gdn_mode(GdnMode mode) { gdn_mode_ = mode; }
+  // Int8 group-128 vocabulary tables: prepare_weight rounds the embedding and lm_head values
+  // through ops/int8_rows.h in place (the twin of CudaOpsOptions::int8_vocab). Off by default.
+  void set_int8_vocab(bool on) { int8_vocab_ = on; }
 
   Tensor upload(const void* host, DType host_dtype, std::initializer_list<int64_t> shape, DType want) override;
   Tensor alloc(DType dtype, std::initializer_list<int64_t> shape) override;
@@ -39,7 +42,8 @@ class CpuOps final : public Ops {
   size_t bytes_in_use() const override { return weight_bytes_ + cache_bytes_for(geo_); }
 
   void begin_step(const StepPlan& plan) override;
-  void embedding(Tensor table, Tensor out) override;
+  void prepare_weight(LinearWeight& w, WeightRole role) override;
+  void embedding(const LinearWeight& table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
   void add(Tensor x, Tensor y) override;
@@ -63,6 +67,7 @@ class CpuOps final : public Ops {
 
   bool bf16_act_ = false;
   GdnMode gdn_mode_ = GdnMode::kAuto;
+  bool int8_vocab_ = false;
   std::vector<std::unique_ptr<float[]>> weights_;  // persistent uploads (fp32-aligned storage)
   size_t weight_bytes_ = 0;
   std::vector<std::unique_ptr<float[]>> scratch_;

@@ -1,5 +1,6 @@
 // CudaOps: device memory (weights, cache pools, step scratch, plan arrays), the cuBLAS linear,
-// and the dispatch of every op to its launcher.
+// load-time weight preparation (W4A16 repacking, int8 vocabulary tables) and the dispatch of
+// every op to its launcher.
 #include "backend/cuda/cuda_ops.h"
 
 #include <algorithm>
@@ -53,12 +54,19 @@ struct CudaOps::Impl {
     for (auto& [key, g] : graphs) cudaGraphExecDestroy(g.exec);
     graphs.clear();
   }
+  int* gemv_counters = nullptr;  // i32 [kGemvMaxSplitTiles]: split-K GEMV tile counters, zero between launches
 
   void* alloc(size_t bytes) {
     void* p = nullptr;
     CUDA_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
     allocations.push_back(p);
     return p;
+  }
+  void release(void* p) {
+    auto it = std::find(allocations.begin(), allocations.end(), p);
+    DS_ASSERT(it != allocations.end(), "release of memory this backend did not allocate");
+    allocations.erase(it);
+    CUDA_CHECK(cudaFree(p));
   }
 };
 
@@ -86,6 +94,8 @@ CudaOps::CudaOps(const CudaOpsOptions& options) : impl_(new Impl()), options_(op
   impl_->cublas_workspace = impl_->alloc(kCublasWorkspace);
   CUBLAS_CHECK(cublasSetWorkspace(impl_->cublas, impl_->cublas_workspace, kCublasWorkspace));
   impl_->scratch = static_cast<char*>(impl_->alloc(options.scratch_bytes));
+  impl_->gemv_counters = static_cast<int*>(impl_->alloc(cuda::kGemvMaxSplitTiles * sizeof(int)));
+  CUDA_CHECK(cudaMemset(impl_->gemv_counters, 0, cuda::kGemvMaxSplitTiles * sizeof(int)));
 }
 
 CudaOps::~CudaOps() {
@@ -122,8 +132,8 @@ Tensor CudaOps::upload(const void* host, DType host_dtype, std::initializer_list
 }
 
 Tensor CudaOps::alloc(DType dtype, std::initializer_list<int64_t> shape) {
-  DS_ASSERT(dtype == DType::kBF16 || dtype == DType::kF32 || dtype == DType::kI32,
-            "CUDA tensors are BF16, F32 or I32, not %s", dtype_name(dtype));
+  DS_ASSERT(dtype == DType::kBF16 || dtype == DType::kF32 || dtype == DType::kI32 || dtype == DType::kI8,
+            "CUDA tensors are BF16, F32, I32 or I8, not %s", dtype_name(dtype));
   Tensor t(nullptr, dtype, shape);
   t.data = impl_->alloc(t.nbytes());
   weight_bytes_ += t.nbytes();
@@ -148,6 +158,62 @@ Tensor CudaOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
 }
 
 void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+void CudaOps::free_weight(Tensor t) {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));  // queued kernels may still read it
+  impl_->release(t.data);
+  weight_bytes_ -= t.nbytes();
+}
+
+void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
+  if (w.quantized()) {
+    if (w.format != WeightFormat::kW4A16) return;  // prepared already
+    DS_ASSERT(w.packed.dtype == DType::kI32 && w.scales.dtype == DType::kF32, "W4A16 weight tensors");
+    const int N = static_cast<int>(w.packed.dim(0)), K = static_cast<int>(w.packed.dim(1) * 8), group = w.group_size;
+    if (!cuda::w4a16_tiled_supports(K, group)) {
+      // Not a shape the GEMV tiles take (group < 64 or not a power of two): dequantised once, on the host.
+      DS_LOG_WARN("cuda", "W4A16 group %d, K %d: stored dequantised as bf16", group, K);
+      std::vector<uint32_t> packed(w.packed.numel());
+      std::vector<float> scales(w.scales.numel()), dense(size_t(N) * K);
+      CUDA_CHECK(cudaMemcpy(packed.data(), w.packed.data, w.packed.nbytes(), cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(scales.data(), w.scales.data, w.scales.nbytes(), cudaMemcpyDeviceToHost));
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k)
+          dense[n * K + k] = float(int((packed[n * (K / 8) + k / 8] >> (4 * (k % 8))) & 15u) - 8) *
+                             scales[n * (K / group) + k / group];
+      free_weight(w.packed);
+      free_weight(w.scales);
+      w = LinearWeight{};
+      w.dense = upload(dense.data(), DType::kF32, {N, K}, DType::kBF16);
+      return;
+    }
+    const int64_t rows = (N + 15) / 16 * 16;
+    Tensor tiled = alloc(DType::kI32, {rows, K / 8});
+    Tensor tiled_scales = alloc(DType::kF32, {rows, K / group});
+    cuda::launch_w4a16_repack(static_cast<const uint32_t*>(w.packed.data), F(w.scales),
+                              static_cast<uint32_t*>(tiled.data), F(tiled_scales), N, K, group, impl_->stream);
+    free_weight(w.packed);
+    free_weight(w.scales);
+    w.packed = tiled;
+    w.scales = tiled_scales;
+    w.format = WeightFormat::kW4A16Tiled;
+    w.rows = N;
+    return;
+  }
+  if (role == WeightRole::kLinear || !options_.int8_vocab || w.dense.dim(1) % 128 != 0) return;
+  expect_bf16(w.dense, "vocabulary table");
+  const int64_t V = w.dense.dim(0);
+  const int H = static_cast<int>(w.dense.dim(1));
+  Tensor q = alloc(DType::kI8, {V, H});
+  Tensor scales = alloc(DType::kF32, {V, H / 128});
+  cuda::launch_int8_quantize_rows(B(w.dense), static_cast<int8_t*>(q.data), F(scales), V, H, impl_->stream);
+  free_weight(w.dense);
+  w = LinearWeight{};
+  w.packed = q;
+  w.scales = scales;
+  w.group_size = 128;
+  w.format = WeightFormat::kInt8;
+}
 
 void CudaOps::download_f32(Tensor src, float* host) {
   const size_t n = static_cast<size_t>(src.numel());
@@ -268,10 +334,17 @@ std::vector<Tensor> CudaOps::run_step(const std::function<std::vector<Tensor>()>
   return it->second.outputs;
 }
 
-void CudaOps::embedding(Tensor table, Tensor out) {
-  expect_bf16(table, "embedding table");
+void CudaOps::embedding(const LinearWeight& table, Tensor out) {
   expect_bf16(out, "embedding out");
-  cuda::launch_embedding(B(table), impl_->ids, B(out), plan_.n_tokens(), static_cast<int>(table.dim(1)), impl_->stream);
+  if (table.quantized()) {
+    DS_ASSERT(table.format == WeightFormat::kInt8, "quantized embedding tables are int8 rows");
+    cuda::launch_int8_embedding(static_cast<const int8_t*>(table.packed.data), F(table.scales), impl_->ids, B(out),
+                                plan_.n_tokens(), static_cast<int>(table.packed.dim(1)), impl_->stream);
+    return;
+  }
+  expect_bf16(table.dense, "embedding table");
+  cuda::launch_embedding(B(table.dense), impl_->ids, B(out), plan_.n_tokens(), static_cast<int>(table.dense.dim(1)),
+                         impl_->stream);
 }
 
 void CudaOps::rms_norm(Tensor x, Tensor w, float eps, Tensor out) {
@@ -289,36 +362,72 @@ void CudaOps::linear(Tensor x, Tensor w, Tensor out) {
   DS_ASSERT(w.dim(1) == K && out.numel() == int64_t(T) * N, "linear shapes x%s w%s out%s", x.shape_str().c_str(),
             w.shape_str().c_str(), out.shape_str().c_str());
   if (T == 0) return;
-  // Row-major out [T, N] is column-major out^T [N, T] = W [N, K] . x^T, i.e. op(A)=W^T^T.
-  const float alpha = 1.f, beta = 0.f;
-  CUBLAS_CHECK(cublasGemmEx(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w.data, CUDA_R_16BF, K, x.data,
-                            CUDA_R_16BF, K, &beta, out.data, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT));
+  gemm(x.data, w.data, out.data, T, N, K, N);
 }
 
-void CudaOps::linear_w4a16(Tensor x, const LinearWeight& w, Tensor out) {
+void CudaOps::gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc) {
+  // Row-major out [T, ldc] is column-major out^T [ldc, T]; its first N rows = W [N, K] . x^T.
+  const float alpha = 1.f, beta = 0.f;
+  CUBLAS_CHECK(cublasGemmEx(impl_->cublas, CUBLAS_OP_T, CUBLAS_OP_N, N, T, K, &alpha, w, CUDA_R_16BF, K, x, CUDA_R_16BF,
+                            K, &beta, out, CUDA_R_16BF, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
   expect_bf16(x, "linear x");
   expect_bf16(out, "linear out");
-  DS_ASSERT(w.quantized() && w.packed.dtype == DType::kI32 && w.scales.dtype == DType::kF32, "W4A16 weight");
-  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.packed.dim(0));
-  DS_ASSERT(w.packed.dim(1) * 8 == K && out.numel() == int64_t(T) * N, "W4A16 shapes x%s packed%s out%s",
-            x.shape_str().c_str(), w.packed.shape_str().c_str(), out.shape_str().c_str());
-  const auto* packed = static_cast<const uint32_t*>(w.packed.data);
-  // Steps of up to this many tokens take the GEMV, longer ones dequantise + cuBLAS.
-  // env: DS_W4A16_GEMV_MAX_TOKENS (default 1: on the H200 the GEMV's 27B-shape steps grow
-  // from 39 ms at 1 token to 95 ms at 8, where bf16 cuBLAS steps take 28 ms; see docs/perf)
-  static const int gemv_max_tokens = [] {
-    const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
-    return env ? std::atoi(env) : 1;
-  }();
-  if (T <= gemv_max_tokens) {
-    cuda::launch_w4a16_gemv(B(x), packed, F(w.scales), B(out), T, N, K, w.group_size, impl_->stream);
+  if (w.format == WeightFormat::kInt8) {
+    linear_int8(x, w, out);
     return;
   }
+  DS_ASSERT(w.format == WeightFormat::kW4A16Tiled, "W4A16 weights reach the CUDA linear through prepare_weight");
+  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.rows);
+  DS_ASSERT(w.packed.dim(1) * 8 == K && out.numel() == int64_t(T) * N, "W4A16 shapes x%s packed%s (N %d) out%s",
+            x.shape_str().c_str(), w.packed.shape_str().c_str(), N, out.shape_str().c_str());
+  if (T == 0) return;
+  const auto* tiled = static_cast<const uint32_t*>(w.packed.data);
+  // Steps of up to this many tokens take the GEMV (weights read once for all tokens), longer
+  // ones dequantise + cuBLAS. env: DS_W4A16_GEMV_MAX_TOKENS (0 .. 16, default 16)
+  static const int gemv_max_tokens = [] {
+    const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
+    return std::clamp(env ? std::atoi(env) : cuda::kW4A16GemvMaxTokens, 0, cuda::kW4A16GemvMaxTokens);
+  }();
   const size_t mark = scratch_mark();
-  Tensor dense = scratch(DType::kBF16, {N, K});
-  cuda::launch_w4a16_dequant(packed, F(w.scales), B(dense), N, K, w.group_size, impl_->stream);
-  linear(x, dense, out);
+  if (T <= gemv_max_tokens) {
+    const int splits = cuda::w4a16_gemv_splits(T, N, K);
+    float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, T, N})) : nullptr;
+    cuda::launch_w4a16_gemv(B(x), tiled, F(w.scales), B(out), partial, impl_->gemv_counters, splits, T, N, K,
+                            w.group_size, impl_->stream);
+  } else {
+    Tensor dense = scratch(DType::kBF16, {N, K});
+    cuda::launch_w4a16_dequant(tiled, F(w.scales), B(dense), N, K, w.group_size, impl_->stream);
+    gemm(x.data, dense.data, out.data, T, N, K, N);
+  }
+  scratch_release(mark);
+}
+
+void CudaOps::linear_int8(Tensor x, const LinearWeight& w, Tensor out) {
+  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.packed.dim(0));
+  DS_ASSERT(w.packed.dim(1) == K && out.numel() == int64_t(T) * N, "int8 linear shapes x%s q%s out%s",
+            x.shape_str().c_str(), w.packed.shape_str().c_str(), out.shape_str().c_str());
+  if (T == 0) return;
+  const auto* q = static_cast<const int8_t*>(w.packed.data);
+  const size_t mark = scratch_mark();
+  if (T <= cuda::kInt8GemvMaxTokens) {
+    const int splits = cuda::int8_gemv_splits(T, N, K);
+    float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, T, N})) : nullptr;
+    cuda::launch_int8_gemv(B(x), q, F(w.scales), B(out), partial, impl_->gemv_counters, splits, T, N, K,
+                           impl_->stream);
+  } else {
+    // Blocks of rows dequantised to bf16 (a quarter of the free scratch) for cuBLAS.
+    const int64_t budget = static_cast<int64_t>((options_.scratch_bytes - scratch_used_) / 4 / (size_t(K) * 2));
+    const int block = static_cast<int>(std::min<int64_t>(N, std::max<int64_t>(128, budget / 128 * 128)));
+    Tensor dense = scratch(DType::kBF16, {block, K});
+    for (int r0 = 0; r0 < N; r0 += block) {
+      const int n = std::min(block, N - r0);
+      cuda::launch_int8_dequant_rows(q, F(w.scales), B(dense), r0, n, K, impl_->stream);
+      gemm(x.data, dense.data, B(out) + r0, T, n, K, N);
+    }
+  }
   scratch_release(mark);
 }
 

@@ -18,6 +18,9 @@ struct CudaOpsOptions {
   int device = 0;
   size_t scratch_bytes = size_t(256) << 20;  // per-step arena
   StateDType state_dtype = StateDType::kF16;
+  // Embedding table and lm_head stored as int8 group-128 (dequant-on-gather embedding, int8
+  // lm_head GEMV), quantised at load from bf16; off keeps them bf16 (--lm-head-dtype bf16).
+  bool int8_vocab = true;
 };
 
 class CudaOps final : public Ops {
@@ -47,11 +50,12 @@ class CudaOps final : public Ops {
   // Decode steps are recorded as a CUDA graph per (sequences, block-table width) on first use
   // and replayed after (env DS_CUDA_GRAPHS=0: never).
   std::vector<Tensor> run_step(const std::function<std::vector<Tensor>()>& record) override;
-  void embedding(Tensor table, Tensor out) override;
+  void prepare_weight(LinearWeight& w, WeightRole role) override;
+  void embedding(const LinearWeight& table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
   bool supports_w4a16() const override { return true; }
-  void linear_w4a16(Tensor x, const LinearWeight& w, Tensor out) override;
+  void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) override;
   void add(Tensor x, Tensor y) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
   void gather_rows(Tensor x, Tensor out) override;
@@ -69,6 +73,10 @@ class CudaOps final : public Ops {
   size_t cache_bytes() const { return cache_bytes_; }
 
  private:
+  // out[:, :N] (row stride ldc) = x bf16 [T, K] . w bf16 [N, K]^T with cuBLAS
+  void gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc);
+  void free_weight(Tensor t);  // a weight replaced by its prepared form
+  void linear_int8(Tensor x, const LinearWeight& w, Tensor out);
   struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
   std::unique_ptr<Impl> impl_;
   CudaOpsOptions options_;

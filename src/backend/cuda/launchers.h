@@ -42,14 +42,40 @@ void launch_fill_random_f32(float* x, int64_t n, float mean, float half_range, u
 void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, uint64_t seed, cudaStream_t s);
 // out = y = x . w^T with cuBLAS lives in cuda_ops.cu (it needs the handle).
 
-// W4A16, compressed-tensors layout: packed u32 [N, K/8] (nibble j of word c = column 8c+j, q+8),
-// scales f32 [N, K/group]. out bf16 [T, N] = x bf16 [T, K] . W^T (small T: streams W once per
-// 8 tokens).
-void launch_w4a16_gemv(const bf16* x, const uint32_t* packed, const float* scales, bf16* out, int T, int N, int K,
-                       int group, cudaStream_t s);
-// w bf16 [N, K] = dequantised W (for the cuBLAS path of large T)
-void launch_w4a16_dequant(const uint32_t* packed, const float* scales, bf16* w, int N, int K, int group,
+// Quantized GEMVs (qgemv_kernel.cuh): out bf16 [T, N] = x bf16 [T, K] . W^T, x 16-byte aligned,
+// the weights streamed once for all T tokens. `splits` from *_gemv_splits(T, N, K); when it is
+// > 1, partial is scratch f32 [splits, T, N] and counters i32 [kGemvMaxSplitTiles], zero before
+// the first launch and left zero by each (one stream at a time).
+constexpr int kGemvMaxSplitTiles = 4096;
+constexpr int kW4A16GemvMaxTokens = 16;
+constexpr int kInt8GemvMaxTokens = 64;
+
+// W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
+// (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).
+// Tiled: u32 [ceil(N/16) * 16 * K/8] and scales f32 [ceil(N/16) * 16 * K/group].
+bool w4a16_tiled_supports(int K, int group);  // group a power of two >= 64 dividing K
+void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, float* tiled_scales, int N,
+                         int K, int group, cudaStream_t s);
+int w4a16_gemv_splits(int T, int N, int K);
+// T <= kW4A16GemvMaxTokens
+void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, bf16* out, float* partial,
+                       int* counters, int splits, int T, int N, int K, int group, cudaStream_t s);
+// w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T)
+void launch_w4a16_dequant(const uint32_t* tiled, const float* tiled_scales, bf16* w, int N, int K, int group,
                           cudaStream_t s);
+
+// Int8 group-128 rows (ops/int8_rows.h): w bf16 [rows, H] -> q i8 [rows, H], scales f32 [rows, H/128]
+void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s);
+int int8_gemv_splits(int T, int N, int K);
+// T <= kInt8GemvMaxTokens; q i8 [N, K], scales f32 [N, K/128]
+void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16* out, float* partial, int* counters,
+                      int splits, int T, int N, int K, cudaStream_t s);
+// w bf16 [rows, H] = dequantised rows [row0, row0 + rows) of q i8 [*, H]
+void launch_int8_dequant_rows(const int8_t* q, const float* scales, bf16* w, int64_t row0, int rows, int H,
+                              cudaStream_t s);
+// out bf16 [T, H] = dequantised q i8 [V, H] [ids i32 [T]]
+void launch_int8_embedding(const int8_t* q, const float* scales, const int32_t* ids, bf16* out, int T, int H,
+                           cudaStream_t s);
 // x[i] = random 32-bit patterns (synthetic packed weights)
 void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t s);
 

@@ -1,103 +1,92 @@
-// W4A16 linear on the compressed-tensors layout as published (packed i32 [N, K/8], nibble j of
-// word c = column 8c+j stored as q+8; f32 scales [N, K/group]). Small T (decode, verify): each
-// block stages x in shared memory and its warps stream 4 weight rows each, once per 8 tokens,
-// dequantising in registers with fp32 accumulation. Large T (prefill): the weight is dequantised to a bf16 scratch
-// matrix and multiplied with cuBLAS (a tensor-core W4A16 GEMM is future work).
+// W4A16 linears. Checkpoints keep the compressed-tensors layout (packed i32 [N, K/8], nibble j
+// of word c = column 8c+j stored as q+8; f32 scales [N, K/group]); at load the CUDA backend
+// repacks each weight once into the GEMV's tiled layout:
+//   tiled u32 [NB = ceil(N/16), K/64, 32 lanes, 4 words]: the uint4 of (16-row block rb, 64-column
+//     chunk c, lane) holds the lane's mma A operands for the chunk's 4 k-steps (qgemv_kernel.cuh):
+//     word j = k-step j; with g = lane/4, q = lane%4, b = 64c + 16q + 4j, nibble r (r = 0..3) of
+//     word j holds W[16rb + g + 8(r&1)][b + 2(r>>1)] and nibble r + 4 the next column (both as
+//     q + 8), so `(word >> 4r) & 0x000F000F` is A register r as a pair. One warp reads 512
+//     contiguous bytes per chunk. Rows past N hold q = 0.
+//   tiled scales f32 [NB, K/group, 8, 2]: (row 16rb + g, row 16rb + g + 8), 0 past N.
+// Small T (decode, verify; <= 16) runs the tensor-core GEMV of qgemv_kernel.cuh, streaming the
+// weights once for all tokens; large T (prefill) dequantises to a bf16 matrix for cuBLAS.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/qgemv_kernel.cuh"
 
 namespace ds::cuda {
 
 namespace {
 
-constexpr int kTokensPerPass = 8;   // tokens sharing one pass over the weights
-constexpr int kRowsPerWarp = 4;     // output rows per warp
-constexpr int kWarps = 8;           // warps per block: 32 rows share each x tile
-constexpr int kTileWords = 128;     // packed words (1024 columns) per x tile in shared memory
+using qgemv::W4Tiled;
+constexpr int kChunksInFlight = 4;  // 2 KB of weights per warp in flight
 
-// Block: kWarps * kRowsPerWarp output rows. For each pass of up to 8 tokens, x is staged in
-// shared memory 1024 columns at a time (16 KB) and every warp streams its rows' words for that
-// tile, dequantising in registers; lanes keep partial sums and reduce once at the end.
-__global__ void __launch_bounds__(kWarps * 32) w4a16_gemv_kernel(const bf16* x, const uint32_t* packed,
-                                                                const float* scales, bf16* out, int T, int N,
-                                                                int K, int group) {
-  __shared__ uint4 xs[kTokensPerPass][kTileWords];  // 8 bf16 per uint4: x[t, 8c .. 8c+7]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-  const int row0 = (blockIdx.x * kWarps + warp) * kRowsPerWarp;
-  const int words = K / 8, groups = K / group;
-  for (int t0 = 0; t0 < T; t0 += kTokensPerPass) {
-    const int tt_n = min(kTokensPerPass, T - t0);
-    float acc[kRowsPerWarp][kTokensPerPass];
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-      for (int tt = 0; tt < kTokensPerPass; ++tt) acc[r][tt] = 0.f;
-    for (int c0 = 0; c0 < words; c0 += kTileWords) {
-      const int tile = min(kTileWords, words - c0);
-      __syncthreads();  // the previous tile is no longer read
-      for (int i = threadIdx.x; i < tt_n * tile; i += blockDim.x) {
-        const int tt = i / tile, c = i % tile;
-        xs[tt][c] = __ldg(reinterpret_cast<const uint4*>(x + int64_t(t0 + tt) * K) + c0 + c);
-      }
-      __syncthreads();
-      // Lane owns words [4 lane, 4 lane + 4) of the tile (32 columns, one scale group): one
-      // 16-byte load per row, all rows' loads issued before any is used.
-      const int c = 4 * lane;
-      if (c < tile) {
-        uint4 wv[kRowsPerWarp];
-        float sc[kRowsPerWarp];
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const int n = min(row0 + r, N - 1);  // clamped rows are computed and not stored
-          wv[r] = __ldg(reinterpret_cast<const uint4*>(packed + int64_t(n) * words + c0 + c));
-          sc[r] = __ldg(scales + int64_t(n) * groups + ((c0 + c) * 8) / group);
-        }
-#pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) {
-          const uint32_t ws[4] = {wv[r].x, wv[r].y, wv[r].z, wv[r].w};
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            float w[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) w[j] = static_cast<float>(static_cast<int>((ws[q] >> (4 * j)) & 15u) - 8) * sc[r];
-#pragma unroll
-            for (int tt = 0; tt < kTokensPerPass; ++tt) {
-              if (tt < tt_n) {
-                const uint4 raw = xs[tt][c + q];
-                const bf16* xv = reinterpret_cast<const bf16*>(&raw);
-                float a = acc[r][tt];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) a += w[j] * to_f32(xv[j]);
-                acc[r][tt] = a;
-              }
-            }
-          }
-        }
+int log2_exact(int v) {
+  int s = 0;
+  while ((1 << s) < v) ++s;
+  return s;
+}
+
+W4Tiled tiled_weight(const uint32_t* tiled, const float* tiled_scales, int K, int group) {
+  return W4Tiled{reinterpret_cast<const uint4*>(tiled), reinterpret_cast<const float2*>(tiled_scales), K / 64,
+                 K / group, log2_exact(group / 64)};
+}
+
+// One thread per tiled word; index i = ((rb * n_chunks + c) * 32 + lane) * 4 + j.
+__global__ void w4a16_repack_kernel(const uint32_t* packed, uint32_t* tiled, int64_t n_words, int N, int K) {
+  const int n_chunks = K / 64;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
+    const int j = static_cast<int>(i % 4), lane = static_cast<int>((i / 4) % 32);
+    const int c = static_cast<int>((i / 128) % n_chunks);
+    const int64_t rb = i / (128 * int64_t(n_chunks));
+    // Source word of columns b .. b+3 (b = 64c + 16q + 4j) and the nibble of column b in it.
+    const int64_t src_word = int64_t(c) * 8 + 2 * (lane % 4) + j / 2;
+    const int shift = 16 * (j % 2);
+    uint32_t out = 0;
+    for (int half = 0; half < 2; ++half) {  // row g, then row g + 8
+      const int64_t row = rb * 16 + lane / 4 + 8 * half;
+      const uint32_t src = row < N ? packed[row * (K / 8) + src_word] >> shift : 0x8888u;  // 8: q = 0
+      for (int m = 0; m < 4; ++m) {  // column b + m -> nibble (m & 1) * 4 + (m >> 1) * 2 + half
+        const int nib = (m & 1) * 4 + (m >> 1) * 2 + half;
+        out |= ((src >> (4 * m)) & 15u) << (4 * nib);
       }
     }
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r)
-#pragma unroll
-      for (int tt = 0; tt < kTokensPerPass; ++tt) {
-        const float v = warp_sum(acc[r][tt]);
-        if (lane == 0 && tt < tt_n && row0 + r < N) out[int64_t(t0 + tt) * N + row0 + r] = to_bf16(v);
-      }
+    tiled[i] = out;
   }
 }
 
-// One thread per packed word: 8 bf16 weights.
-__global__ void w4a16_dequant_kernel(const uint32_t* packed, const float* scales, bf16* w, int64_t n_words, int K,
-                                     int group) {
+// One thread per tiled scale; index i = ((rb * n_groups + grp) * 8 + g) * 2 + half.
+__global__ void w4a16_repack_scales_kernel(const float* scales, float* tiled, int64_t n, int N, int n_groups) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int half = static_cast<int>(i % 2), g = static_cast<int>((i / 2) % 8);
+    const int grp = static_cast<int>((i / 16) % n_groups);
+    const int64_t row = (i / (16 * int64_t(n_groups))) * 16 + g + 8 * half;
+    tiled[i] = row < N ? scales[row * n_groups + grp] : 0.f;
+  }
+}
+
+// One thread per tiled word: 8 bf16 weights, 4 in row g and 4 in row g + 8.
+__global__ void w4a16_dequant_kernel(const uint32_t* tiled, const float* tiled_scales, bf16* w, int64_t n_words, int N,
+                                     int K, int group) {
+  const int n_chunks = K / 64, n_groups = K / group;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t row = i / (K / 8), c = i % (K / 8);
-    const uint32_t word = packed[i];
-    const float s = scales[row * (K / group) + (c * 8) / group];
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-      w[row * K + c * 8 + j] = to_bf16(static_cast<float>(static_cast<int>((word >> (4 * j)) & 15u) - 8) * s);
+    const int j = static_cast<int>(i % 4), lane = static_cast<int>((i / 4) % 32);
+    const int c = static_cast<int>((i / 128) % n_chunks);
+    const int64_t rb = i / (128 * int64_t(n_chunks));
+    const int b = c * 64 + 16 * (lane % 4) + 4 * j;
+    const uint32_t word = tiled[i];
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = rb * 16 + lane / 4 + 8 * half;
+      if (row >= N) continue;
+      const float s = tiled_scales[((rb * n_groups + b / group) * 8 + lane / 4) * 2 + half];
+      for (int m = 0; m < 4; ++m) {
+        const int nib = (m & 1) * 4 + (m >> 1) * 2 + half;
+        w[row * K + b + m] = to_bf16(static_cast<float>(static_cast<int>((word >> (4 * nib)) & 15u) - 8) * s);
+      }
+    }
   }
 }
 
@@ -110,31 +99,55 @@ __global__ void fill_random_bits_kernel(uint32_t* x, int64_t n, uint64_t seed) {
   }
 }
 
+int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535 * 8)); }
+
 }  // namespace
 
-void launch_w4a16_gemv(const bf16* x, const uint32_t* packed, const float* scales, bf16* out, int T, int N, int K,
-                       int group, cudaStream_t s) {
+bool w4a16_tiled_supports(int K, int group) {
+  return group >= 64 && (group & (group - 1)) == 0 && K % group == 0;
+}
+
+void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, float* tiled_scales, int N,
+                         int K, int group, cudaStream_t s) {
+  DS_ASSERT(w4a16_tiled_supports(K, group), "W4A16 tiles need a power-of-two group >= 64 dividing K (K %d, group %d)",
+            K, group);
+  const int64_t nb = (N + 15) / 16;
+  const int64_t n_words = nb * (K / 64) * 128;
+  w4a16_repack_kernel<<<grid_for(n_words), 256, 0, s>>>(packed, tiled, n_words, N, K);
+  cuda_check_launch("w4a16_repack", s);
+  const int64_t n_scales = nb * (K / group) * 16;
+  w4a16_repack_scales_kernel<<<grid_for(n_scales), 256, 0, s>>>(scales, tiled_scales, n_scales, N, K / group);
+  cuda_check_launch("w4a16_repack_scales", s);
+}
+
+int w4a16_gemv_splits(int T, int N, int K) {
+  const int resident = T <= 8 ? qgemv::resident_blocks<W4Tiled, 1, kChunksInFlight>()
+                              : qgemv::resident_blocks<W4Tiled, 2, kChunksInFlight>();
+  return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
+}
+
+void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, bf16* out, float* partial,
+                       int* counters, int splits, int T, int N, int K, int group, cudaStream_t s) {
   if (T == 0) return;
-  DS_ASSERT(K % 32 == 0 && group % 32 == 0 && K % group == 0, "W4A16 GEMV needs K and group multiples of 32 and whole "
-            "groups (K %d, group %d)", K, group);
-  const int rows_per_block = kWarps * kRowsPerWarp;
-  w4a16_gemv_kernel<<<(N + rows_per_block - 1) / rows_per_block, 32 * kWarps, 0, s>>>(x, packed, scales, out, T, N, K,
-                                                                                     group);
+  DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
+            group);
+  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "W4A16 GEMV: x must be 16-byte aligned");
+  const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
+  if (T <= 8) qgemv::launch<W4Tiled, 1, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
+  else qgemv::launch<W4Tiled, 2, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
   cuda_check_launch("w4a16_gemv", s);
 }
 
-void launch_w4a16_dequant(const uint32_t* packed, const float* scales, bf16* w, int N, int K, int group,
+void launch_w4a16_dequant(const uint32_t* tiled, const float* tiled_scales, bf16* w, int N, int K, int group,
                           cudaStream_t s) {
-  const int64_t n_words = int64_t(N) * (K / 8);
-  const int blocks = static_cast<int>(std::min<int64_t>((n_words + 255) / 256, 65535 * 8));
-  w4a16_dequant_kernel<<<blocks, 256, 0, s>>>(packed, scales, w, n_words, K, group);
+  const int64_t n_words = int64_t((N + 15) / 16) * (K / 64) * 128;
+  w4a16_dequant_kernel<<<grid_for(n_words), 256, 0, s>>>(tiled, tiled_scales, w, n_words, N, K, group);
   cuda_check_launch("w4a16_dequant", s);
 }
 
 void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t s) {
   if (n == 0) return;
-  const int blocks = static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535 * 8));
-  fill_random_bits_kernel<<<blocks, 256, 0, s>>>(x, n, seed);
+  fill_random_bits_kernel<<<grid_for(n), 256, 0, s>>>(x, n, seed);
   cuda_check_launch("fill_random_bits", s);
 }
 

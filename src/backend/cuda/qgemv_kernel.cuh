@@ -1,0 +1,258 @@
+// Device code of the quantized GEMV shared by the W4A16 (tiled) and int8 (row-major) weights:
+// out bf16 [T, N] = x bf16 [T, K] . W^T for T <= 8 * NT tokens on bf16 tensor cores
+// (mma.m16n8k16, fp32 accumulation), streaming the weights once for all tokens.
+//
+// Work: a warp owns one block of 16 output rows over a range of 64-column chunks; a thread
+// block is 8 warps (128 rows, one "tile"); gridDim.y splits K so small N still fills the GPU.
+// A weight format exposes `load` (one chunk of the warp's 16 rows: raw codes + the two scales
+// of the lane's rows) and `a_frag` (the mma A operand of one 16-column k-step, as exact integer
+// values in bf16). Each chunk's integer dot products are scaled in fp32 afterwards, so the
+// result is the fp32 math of the dequantised weights, not a bf16 rounding of them.
+//
+// Column order inside a chunk: mma k-step j (0..3) slot s of lane (g = lane / 4, q = lane % 4)
+// is chunk column 16 q + 4 j + (s < 8 ? 0 : 2) + (s & 1); so lane q's B operand (x) for the whole
+// chunk is the 16 contiguous columns [16 q, 16 q + 16) and its A operand for rows g and g + 8 is
+// the same 16 columns of those rows. Any order is exact as long as A and B agree.
+//
+// Split-K (gridDim.y > 1): each block writes fp32 partials [split, T, N]; the last block of a
+// tile to finish (a per-tile counter, reset by that block) sums them in split order, so results
+// do not depend on scheduling.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+
+namespace ds::cuda::qgemv {
+
+constexpr int kWarps = 8;                   // warps per block, one 16-row block each
+constexpr int kTileRows = 16 * kWarps;      // output rows per block
+constexpr int kChunk = 64;                  // input columns per chunk (4 mma k-steps)
+
+// d += a . b for one m16n8k16 tile: a bf16 [16 rows, 16 k], b bf16 [16 k, 8 tokens], d f32.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes read once: not kept in L1, so L1 keeps x for the other warps.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;  // i is a compile-time constant after unrolling
+}
+
+__device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&a), *reinterpret_cast<const __nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// Nibbles at bits 0-3 and 16-19 of t (stored q + 8) -> bf16x2 (q_lo, q_hi), exact:
+// 0x4300 | n is the bf16 128 + n, minus 136.
+__device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t t) {
+  return bf16x2_sub((t & 0x000F000Fu) | 0x43004300u, 0x43084308u);
+}
+
+// Signed bytes at bits 0-7 and 16-23 of t -> bf16x2, exact: (128 + low 7 bits) - (128 or 256
+// by the sign bit), both built by OR-ing into the bf16 exponent of 128.
+__device__ __forceinline__ uint32_t bytes_to_bf16x2(uint32_t t) {
+  return bf16x2_sub((t & 0x007F007Fu) | 0x43004300u, (t & 0x00800080u) | 0x43004300u);
+}
+
+// W4A16 repacked at load (w4a16.cu): u32 [NB, K/64, 32 lanes, 4] and scales f32 [NB, K/group, 8, 2].
+struct W4Tiled {
+  const uint4* q;         // one uint4 per (16-row block, chunk, lane)
+  const float2* scales;   // (row g, row g + 8) per (16-row block, group, g)
+  int n_chunks;           // K / 64
+  int n_groups;           // K / group
+  int group_shift;        // log2(group / 64)
+
+  struct Frag {
+    uint4 w;    // word j: k-step j, nibbles r and r + 4 = A register r
+    float2 s;   // scales of rows g, g + 8
+  };
+  __device__ __forceinline__ Frag load(int rb, int c, int lane, int /*N*/) const {
+    Frag f;
+    f.w = load_stream(q + (int64_t(rb) * n_chunks + c) * 32 + lane);
+    f.s = __ldg(scales + (int64_t(rb) * n_groups + (c >> group_shift)) * 8 + lane / 4);
+    return f;
+  }
+  __device__ __forceinline__ void a_frag(const Frag& f, int j, uint32_t (&a)[4]) const {
+    const uint32_t word = word_of(f.w, j);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) a[r] = nibbles_to_bf16x2(word >> (4 * r));
+  }
+};
+
+// Int8 rows (int8_rows.cu): q i8 [N, K] row-major, scales f32 [N, K/128].
+struct Int8Rows {
+  const int8_t* q;
+  const float* scales;
+  int K;
+  int n_groups;  // K / 128
+
+  struct Frag {
+    uint4 lo, hi;  // rows g and g + 8, the lane's 16 columns
+    float2 s;
+  };
+  __device__ __forceinline__ Frag load(int rb, int c, int lane, int N) const {
+    // Rows past N (last block) read row N - 1; their results are never stored.
+    const int r0 = min(rb * 16 + lane / 4, N - 1), r1 = min(rb * 16 + lane / 4 + 8, N - 1);
+    const int64_t col = int64_t(c) * kChunk + 16 * (lane % 4);
+    Frag f;
+    f.lo = load_stream(q + int64_t(r0) * K + col);
+    f.hi = load_stream(q + int64_t(r1) * K + col);
+    f.s = make_float2(__ldg(scales + int64_t(r0) * n_groups + c / 2), __ldg(scales + int64_t(r1) * n_groups + c / 2));
+    return f;
+  }
+  __device__ __forceinline__ void a_frag(const Frag& f, int j, uint32_t (&a)[4]) const {
+    const uint32_t w0 = word_of(f.lo, j), w1 = word_of(f.hi, j);  // columns 4j .. 4j + 3
+    a[0] = bytes_to_bf16x2(__byte_perm(w0, 0, 0x4140));  // row g,     columns 4j, 4j + 1
+    a[1] = bytes_to_bf16x2(__byte_perm(w1, 0, 0x4140));  // row g + 8
+    a[2] = bytes_to_bf16x2(__byte_perm(w0, 0, 0x4342));  // row g,     columns 4j + 2, 4j + 3
+    a[3] = bytes_to_bf16x2(__byte_perm(w1, 0, 0x4342));  // row g + 8
+  }
+};
+
+// U chunks are loaded (all in flight) before any is used. partial f32 [gridDim.y, T, N] and
+// counters i32 [gridDim.x] (zero between launches) are used only when gridDim.y > 1.
+template <class Fmt, int NT, int U>
+__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, const __nv_bfloat16* __restrict__ x,
+                                                           __nv_bfloat16* __restrict__ out, float* __restrict__ partial,
+                                                           int* __restrict__ counters, int T, int N, int K) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
+  const int rb = blockIdx.x * kWarps + warp;
+  const int splits = gridDim.y, split = blockIdx.y;
+  const int n_chunks = K / kChunk;
+  const int c_begin = static_cast<int>(int64_t(split) * n_chunks / splits);
+  const int c_end = static_cast<int>(int64_t(split + 1) * n_chunks / splits);
+
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  if (rb * 16 < N) {
+    for (int c0 = c_begin; c0 < c_end; c0 += U) {
+      typename Fmt::Frag f[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + u < c_end) f[u] = w.load(rb, c0 + u, lane, N);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        if (c0 + u < c_end) {
+          const __nv_bfloat16* xc = x + int64_t(c0 + u) * kChunk + 16 * q4;
+          float p[NT][4];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) p[nt][i] = 0.f;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {  // columns [8h, 8h + 8) of the lane's 16: k-steps 2h, 2h + 1
+            uint4 xv[NT];
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const int t = nt * 8 + g;
+              xv[nt] = t < T ? __ldg(reinterpret_cast<const uint4*>(xc + int64_t(t) * K + 8 * h)) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int jj = 0; jj < 2; ++jj) {
+              uint32_t a[4];
+              w.a_frag(f[u], 2 * h + jj, a);
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt) mma_bf16(p[nt], a, word_of(xv[nt], 2 * jj), word_of(xv[nt], 2 * jj + 1));
+            }
+          }
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            acc[nt][0] += f[u].s.x * p[nt][0];
+            acc[nt][1] += f[u].s.x * p[nt][1];
+            acc[nt][2] += f[u].s.y * p[nt][2];
+            acc[nt][3] += f[u].s.y * p[nt][3];
+          }
+        }
+      }
+    }
+  }
+
+  // Accumulator i of tile nt: row rb*16 + g (+8 for i >= 2), token nt*8 + 2*q4 + (i & 1).
+  const int row = rb * 16 + g;
+  if (splits == 1) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = nt * 8 + 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
+        if (t < T && n < N) out[int64_t(t) * N + n] = to_bf16(acc[nt][i]);
+      }
+    return;
+  }
+  float* mine = partial + int64_t(split) * T * N;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = nt * 8 + 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
+      if (t < T && n < N) mine[int64_t(t) * N + n] = acc[nt][i];
+    }
+  __shared__ int is_last;
+  __threadfence();  // partials visible device-wide before the counter moves
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
+  __syncthreads();
+  if (!is_last) return;
+  __threadfence();
+  const int n0 = blockIdx.x * kTileRows;
+  for (int i = threadIdx.x; i < T * kTileRows; i += blockDim.x) {
+    const int t = i / kTileRows, n = n0 + i % kTileRows;
+    if (n >= N) continue;
+    float s = 0.f;
+    for (int sp = 0; sp < splits; ++sp) s += __ldcg(partial + (int64_t(sp) * T + t) * N + n);
+    out[int64_t(t) * N + n] = to_bf16(s);
+  }
+  if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+}
+
+// Blocks of qgemv_kernel<Fmt, NT, U> resident on the whole GPU at once (asked once per kernel).
+template <class Fmt, int NT, int U>
+int resident_blocks() {
+  static const int n = [] {
+    int dev = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_kernel<Fmt, NT, U>, kWarps * 32, 0);
+    return sms * std::max(per_sm, 1);
+  }();
+  return n;
+}
+
+// K splits: as many as keep every block resident in one wave (so all stream at once), with at
+// least 4 chunks per split, and partial traffic (8 bytes per token and row per split) at most a
+// quarter of the weight bytes read (ratio 16 S T / K for 4-bit weights). 1 when N alone fills
+// the GPU or has more tiles than there are counters.
+inline int choose_splits(int resident, int T, int N, int K, int max_tiles) {
+  const int tiles = (N + kTileRows - 1) / kTileRows, n_chunks = K / kChunk;
+  if (tiles >= resident || tiles > max_tiles) return 1;
+  return std::max(1, std::min({resident / tiles, n_chunks / 4, n_chunks / std::max(T, 1)}));
+}
+
+template <class Fmt, int NT, int U>
+void launch(const Fmt& w, const __nv_bfloat16* x, __nv_bfloat16* out, float* partial, int* counters, int splits, int T,
+            int N, int K, cudaStream_t s) {
+  const dim3 grid((N + kTileRows - 1) / kTileRows, splits);
+  qgemv_kernel<Fmt, NT, U><<<grid, kWarps * 32, 0, s>>>(w, x, out, partial, counters, T, N, K);
+}
+
+}  // namespace ds::cuda::qgemv

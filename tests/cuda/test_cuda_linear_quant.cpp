@@ -1,0 +1,265 @@
+// Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 16) and the dequantise
+// + cuBLAS path on weights repacked by prepare_weight (signed scales, N not a multiple of 16,
+// groups 64/128/256, and group 32, which is stored dequantised); the int8 group-128 lm_head
+// (GEMV for T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against
+// CpuOps' int8 twin. Timing figures at the Qwen3.8-27B shapes. Skipped where there is no GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device.h"
+#include "ops/int8_rows.h"
+
+namespace ds {
+namespace {
+
+constexpr double kCopyGbps = 4260;  // H200 device copy bandwidth measured here (DESIGN.md §6)
+
+// Relative RMS error; bf16 output rounding alone costs ~1e-3.
+double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::vector<float> random_bf16(size_t n, std::mt19937& rng, float scale = 1.f) {
+  std::normal_distribution<float> nd(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(nd(rng)));
+  return v;
+}
+
+// One sequence of the given token ids (embedding reads only the ids).
+StepPlan plan_of(const std::vector<int32_t>& ids) {
+  StepPlan p;
+  p.token_ids = ids;
+  for (size_t i = 0; i < ids.size(); ++i) p.positions.push_back(static_cast<int32_t>(i));
+  p.cu_seqlens = {0, static_cast<int32_t>(ids.size())};
+  p.n_past = {0};
+  p.state_slots = {0};
+  p.block_tables = {0};
+  p.max_blocks = 1;
+  p.logit_rows = {static_cast<int32_t>(ids.size()) - 1};
+  return p;
+}
+
+class CudaLinearQuantTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+    gpu = std::make_unique<CudaOps>();
+    cpu.set_int8_vocab(true);
+  }
+  std::vector<float> download(Tensor t) {
+    std::vector<float> h(t.numel());
+    gpu->download_f32(t, h.data());
+    return h;
+  }
+  // Mean microseconds of fn over reps calls queued back to back (host clock around a
+  // synchronised batch: the stream's own time, launch gaps included).
+  template <class Fn>
+  double time_us(int reps, Fn fn) {
+    fn(0);
+    gpu->synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) fn(i);
+    gpu->synchronize();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / reps;
+  }
+
+  CpuOps cpu;
+  std::unique_ptr<CudaOps> gpu;
+  std::mt19937 rng{7};
+};
+
+// Random W4A16 weight in the published layout on the GPU (prepared), and its dense fp32 twin.
+struct W4Case {
+  LinearWeight gpu_w;
+  std::vector<float> dense;  // f32 [N, K]
+};
+
+W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group) {
+  std::vector<int32_t> packed(size_t(N) * K / 8);
+  for (auto& w : packed) w = static_cast<int32_t>(rng());
+  std::vector<float> scales = random_bf16(size_t(N) * K / group, rng, 0.02f);  // about half negative
+  W4Case c;
+  c.dense.resize(size_t(N) * K);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const uint32_t word = static_cast<uint32_t>(packed[n * (K / 8) + k / 8]);
+      c.dense[n * K + k] = float(int((word >> (4 * (k % 8))) & 15u) - 8) * scales[n * (K / group) + k / group];
+    }
+  c.gpu_w.packed = gpu.upload(packed.data(), DType::kI32, {N, K / 8}, DType::kI32);
+  c.gpu_w.scales = gpu.upload(scales.data(), DType::kF32, {N, K / group}, DType::kF32);
+  c.gpu_w.group_size = group;
+  gpu.prepare_weight(c.gpu_w, WeightRole::kLinear);
+  return c;
+}
+
+TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
+  struct Shape {
+    int N, K, group;
+  };
+  for (Shape sh : std::vector<Shape>{{96, 128, 128}, {200, 384, 128}, {1000, 5120, 128}, {328, 17408, 128},
+                                     {72, 512, 64}, {40, 1024, 256}, {40, 256, 32}}) {
+    W4Case c = make_w4(*gpu, rng, sh.N, sh.K, sh.group);
+    if (sh.group == 32) EXPECT_FALSE(c.gpu_w.quantized()) << "group 32 is stored dequantised";
+    else EXPECT_EQ(c.gpu_w.format, WeightFormat::kW4A16Tiled);
+    Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {sh.N, sh.K}, DType::kF32);
+    for (int T : {1, 2, 7, 8, 9, 16, 17, 100}) {
+      std::vector<float> x = random_bf16(size_t(T) * sh.K, rng);
+      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, sh.K}, DType::kF32);
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, sh.K}, DType::kBF16);
+      Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
+      cpu.linear(xc, w_cpu, oc);
+      if (c.gpu_w.quantized()) gpu->linear_quantized(xg, c.gpu_w, og);
+      else gpu->linear(xg, c.gpu_w.dense, og);
+      std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+      const std::vector<float> got = download(og);
+      const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
+                               std::to_string(sh.group) + " T" + std::to_string(T);
+      EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
+      if (c.gpu_w.quantized() && T <= 16) {  // the GEMV is deterministic (split-K sums in a fixed order)
+        gpu->linear_quantized(xg, c.gpu_w, og);
+        EXPECT_EQ(download(og), got) << what << " repeated";
+      }
+      gpu->reset_scratch();
+      cpu.reset_scratch();
+    }
+  }
+}
+
+TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
+  for (auto [V, H] : std::vector<std::pair<int, int>>{{1000, 256}, {3001, 5120}}) {
+    const std::vector<float> table = random_bf16(size_t(V) * H, rng, 0.05f);
+    LinearWeight wc, wg;
+    wc.dense = cpu.upload(table.data(), DType::kF32, {V, H}, DType::kF32);
+    wg.dense = gpu->upload(table.data(), DType::kF32, {V, H}, DType::kBF16);
+    cpu.prepare_weight(wc, WeightRole::kLmHead);  // fp32 values become q * scale in place
+    gpu->prepare_weight(wg, WeightRole::kLmHead);
+    ASSERT_EQ(wg.format, WeightFormat::kInt8);
+    ASSERT_TRUE(wg.quantized() && !wc.quantized());
+
+    // Gather: bit-exact against bf16(q * scale) of the host quantisation.
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 37; ++i) ids.push_back((i * 7919 + 13) % V);
+    ids.push_back(V - 1);
+    gpu->begin_step(plan_of(ids));
+    Tensor emb = gpu->scratch(DType::kBF16, {int64_t(ids.size()), H});
+    gpu->embedding(wg, emb);
+    const std::vector<float> got = download(emb);
+    const float* twin = wc.dense.f32();
+    std::vector<int8_t> q(size_t(V) * H);
+    std::vector<float> scales(size_t(V) * H / kInt8Group);
+    quantize_int8_rows(table.data(), V, H, q.data(), scales.data());
+    size_t mismatches = 0, twin_mismatches = 0;
+    for (size_t t = 0; t < ids.size(); ++t)
+      for (int k = 0; k < H; ++k) {
+        const size_t e = size_t(ids[t]) * H + k;
+        const float want = float(q[e]) * scales[e / kInt8Group];
+        mismatches += got[t * H + k] != bf16_to_f32(f32_to_bf16(want));
+        twin_mismatches += twin[e] != want;
+      }
+    EXPECT_EQ(mismatches, 0u) << "int8 embedding V" << V << " H" << H;
+    EXPECT_EQ(twin_mismatches, 0u) << "CPU twin";
+
+    // lm_head: the GEMV (T <= 64, incl. split K for small V) and blocks of rows + cuBLAS (T > 64).
+    for (int T : {1, 8, 9, 33, 64, 65, 130}) {
+      std::vector<float> x = random_bf16(size_t(T) * H, rng);
+      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, H}, DType::kF32);
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, H}, DType::kBF16);
+      Tensor oc = cpu.scratch(DType::kF32, {T, V}), og = gpu->scratch(DType::kBF16, {T, V});
+      cpu.linear(xc, wc.dense, oc);
+      gpu->linear_quantized(xg, wg, og);
+      std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+      EXPECT_LE(rel_rms(download(og), ref), 5e-3) << "int8 lm_head V" << V << " H" << H << " T" << T;
+      cpu.reset_scratch();
+    }
+    gpu->reset_scratch();
+  }
+}
+
+// Time per call and weight bytes streamed per second, cycling through enough copies of each
+// weight that it never sits in the 50 MB L2.
+TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
+  struct Linear {
+    const char* name;
+    int N, K, per_step;  // calls per decode step (48 GDN layers, 16 attention layers)
+  };
+  const std::vector<Linear> linears = {
+      {"gdn in_proj_qkv", 10240, 5120, 48}, {"gdn in_proj_z", 6144, 5120, 48}, {"gdn out_proj", 5120, 6144, 48},
+      {"attn q_proj", 12288, 5120, 16},     {"attn k/v_proj", 1024, 5120, 32}, {"attn o_proj", 5120, 6144, 16},
+      {"mlp gate/up", 17408, 5120, 128},    {"mlp down", 5120, 17408, 64}};
+  const int reps = 50;
+  double step_us[2] = {0, 0}, step_bytes = 0;
+  for (const Linear& l : linears) {
+    const double bytes = double(l.N) * l.K / 2 + double((l.N + 15) / 16 * 16) * (l.K / 128) * 4;
+    const int copies = std::max(2, static_cast<int>(std::ceil(256e6 / bytes)));
+    std::vector<LinearWeight> ws(copies);
+    for (int i = 0; i < copies; ++i) {
+      ws[i].packed = gpu->alloc(DType::kI32, {l.N, l.K / 8});
+      gpu->fill_random(ws[i].packed, 0.f, 0.f, 100 + i);
+      ws[i].scales = gpu->alloc(DType::kF32, {l.N, l.K / 128});
+      gpu->fill_random(ws[i].scales, 0.f, 0.01f, 200 + i);
+      ws[i].group_size = 128;
+      gpu->prepare_weight(ws[i], WeightRole::kLinear);
+    }
+    step_bytes += bytes * l.per_step;
+    for (int T : {1, 8, 16, 17, 512}) {
+      if (T > 16 && std::string(l.name) != "mlp gate/up") continue;  // prefill path: one shape
+      Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
+      gpu->fill_random(x, 0.f, 1.f, 300);
+      Tensor out = gpu->alloc(DType::kBF16, {T, l.N});
+      const double us = time_us(reps, [&](int i) { gpu->linear_quantized(x, ws[i % copies], out); });
+      const double gbps = bytes / us * 1e-3;
+      std::printf("[figure] w4a16 N=%d K=%d T=%d (%s): %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n", l.N, l.K, T, l.name,
+                  us, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+      if (T == 1) step_us[0] += us * l.per_step;
+      if (T == 8) step_us[1] += us * l.per_step;
+    }
+  }
+  for (int i = 0; i < 2; ++i)
+    std::printf("[figure] w4a16 27B decode-step linears at T=%d (sum over the 64 layers, no lm_head): %.3f ms for "
+                "%.2f GB, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+                i == 0 ? 1 : 8, step_us[i] * 1e-3, step_bytes * 1e-9, step_bytes / step_us[i] * 1e-3,
+                100 * step_bytes / step_us[i] * 1e-3 / kCopyGbps, kCopyGbps);
+
+  // int8 lm_head [248320, 5120], quantised on the GPU from random bf16.
+  const int V = 248320, H = 5120;
+  LinearWeight head;
+  head.dense = gpu->alloc(DType::kBF16, {V, H});
+  gpu->fill_random(head.dense, 0.f, 0.05f, 400);
+  gpu->prepare_weight(head, WeightRole::kLmHead);
+  ASSERT_EQ(head.format, WeightFormat::kInt8);
+  const double bytes = double(V) * H + double(V) * (H / 128) * 4;
+  for (int T : {1, 8, 64, 65}) {
+    Tensor x = gpu->alloc(DType::kBF16, {T, H});
+    gpu->fill_random(x, 0.f, 1.f, 500);
+    Tensor out = gpu->alloc(DType::kBF16, {T, V});
+    const double us = time_us(reps, [&](int) { gpu->linear_quantized(x, head, out); });
+    const double gbps = bytes / us * 1e-3;
+    std::printf("[figure] int8 lm_head N=%d K=%d T=%d: %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n", V, H, T, us, gbps,
+                100 * gbps / kCopyGbps, kCopyGbps);
+  }
+  std::vector<int32_t> ids(64);
+  for (int i = 0; i < 64; ++i) ids[i] = (i * 104729) % V;
+  gpu->begin_step(plan_of(ids));
+  Tensor emb = gpu->alloc(DType::kBF16, {64, H});
+  std::printf("[figure] int8 embedding gather T=64 H=%d: %.2f us\n", H,
+              time_us(reps, [&](int) { gpu->embedding(head, emb); }));
+}
+
+}  // namespace
+}  // namespace ds
