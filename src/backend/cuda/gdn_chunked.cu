@@ -1,13 +1,14 @@
 // Gated delta rule prefill in chunks of 64 tokens on tensor cores: the WY/UT form of the
 // architecture reference (CPU twin: gdn_head_chunked in backend/cpu/gdn_ref.cpp). Two kernels:
-//  1. gdn_chunk_prep: one block per (chunk, sequence, v-head), every chunk at once. Per row:
-//     inverse norms of q (times dk^-0.5) and k, the in-chunk cumulative log-decay gamma; per
-//     chunk: A[r][s] = beta_r (k_r . k_s) e^(gamma_r - gamma_s) for s < r and T = (I + A)^-1 by
-//     fp32 forward substitution, stored bf16.
+//  1. gdn_chunk_prep: one block per (chunk, sequence, v-head), every chunk at once: per row the
+//     inverse norms of q (times dk^-0.5) and k and the in-chunk cumulative log-decay gamma; per
+//     chunk (q, k normalised) A[r][s] = beta_r (k_r . k_s) e^(gamma_r - gamma_s) for s < r,
+//     T = (I + A)^-1 by fp32 forward substitution, and P = (Q K^T) o Gamma with
+//     Gamma[r][s] = e^(gamma_r - gamma_s) for s <= r (else 0); T and P stored bf16.
 //  2. gdn_chunk_pass: one block per (sequence, v-head, tile of 32 state columns) walks its
 //     chunks in order with the state tile S [dk, 32] in fp32 registers (mma accumulators):
 //       V' = T diag(beta) (V - diag(e^gamma) K S)
-//       O  = diag(e^gamma) Q S + ((Q K^T) o Gamma) V'      Gamma[r][s] = e^(gamma_r - gamma_s), s <= r
+//       O  = diag(e^gamma) Q S + P V'
 //       S <- e^gamma_L S + K^T diag(e^(gamma_L - gamma)) V'
 //     while cp.async fetches the next chunk.
 // q, k, v enter the matmuls as their raw bf16 values (norms are fp32 row/column scales); S, V',
@@ -141,17 +142,18 @@ __device__ __forceinline__ void load_rows(bf16* dst, int ld, int width, const bf
 
 struct PrepSmem {
   bf16 k[kC * kLdD];    // raw k rows of the chunk, zero padded
+  bf16 q[kC * kLdD];    // raw q rows
   float a[kC * kLdA];   // A, strictly lower
   float t[kC * kLdA];   // (I + A)^-1, unit lower
-  float g[kC], beta[kC], gam[kC], kn[kC];
+  float g[kC], beta[kC], gam[kC], kn[kC], qn[kC];  // zero on padding rows
 };
 
-// tinv bf16 [T, Hv, 64]: row r of the chunk's (I + A)^-1 at token c0 + r; gam f32 [T, Hv];
-// kn, qn f32 [T, Hk] (written by the first v-head of each k-head).
+// Row r of a chunk at token c0 + r: tinv, pmat bf16 [T, Hv, 64] rows of (I + A)^-1 and P;
+// gam f32 [T, Hv]; kn, qn f32 [T, Hk] (written by the first v-head of each k-head).
 __global__ void __launch_bounds__(kThreads)
     gdn_chunk_prep_kernel(const bf16* qkv, const float* g, const float* beta, const int32_t* cu_seqlens,
-                          bf16* tinv, float* gam_out, float* kn_out, float* qn_out, int Hk, int Hv, int dk, int dv,
-                          bool vec) {
+                          bf16* tinv, bf16* pmat, float* gam_out, float* kn_out, float* qn_out, int Hk, int Hv,
+                          int dk, int dv, bool vec) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   PrepSmem& sm = *reinterpret_cast<PrepSmem*>(smem_raw);
   const int seq = blockIdx.y, h = blockIdx.z;
@@ -165,38 +167,27 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
 
   load_rows(sm.k, kLdD, kD, qkv + c0 * C + Hk * dk + kh * dk, C, L, dk, vec);
+  load_rows(sm.q, kLdD, kD, qkv + c0 * C + kh * dk, C, L, dk, vec);
   cp_async_commit();
   if (tid < kC) {
     const bool ok = tid < L;
     sm.g[tid] = ok ? g[int64_t(c0 + tid) * Hv + h] : 0.f;
     sm.beta[tid] = ok ? beta[int64_t(c0 + tid) * Hv + h] : 0.f;
-  } else if (writes_norms && tid - kC < L) {  // q norms straight from global memory
-    const int r = tid - kC;
-    const bf16* qr = qkv + (c0 + r) * C + kh * dk;
-    float ss = 0.f;
-    if (vec) {
-      for (int i = 0; i < dk; i += 8) {
-        const uint4 u = *reinterpret_cast<const uint4*>(qr + i);
-        const bf16* e = reinterpret_cast<const bf16*>(&u);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) ss += to_f32(e[j]) * to_f32(e[j]);
-      }
-    } else {
-      for (int i = 0; i < dk; ++i) ss += to_f32(qr[i]) * to_f32(qr[i]);
-    }
-    qn_out[int64_t(c0 + r) * Hk + kh] = rsqrtf(ss + 1e-6f) * rsqrtf(static_cast<float>(dk));
   }
   cp_async_wait_all();
   __syncthreads();
 
-  if (tid < kC) {  // k norms; zero on padding rows
-    const int r = tid;
+  {  // inverse norms: threads 0..63 of k rows, 64..127 of q rows
+    const int r = tid & (kC - 1);
+    const bool is_q = tid >= kC;
+    const bf16* x = (is_q ? sm.q : sm.k) + r * kLdD;
     float ss = 0.f;
-    for (int i = 0; i < dk; ++i) ss += to_f32(sm.k[r * kLdD + i]) * to_f32(sm.k[r * kLdD + i]);
-    const float inv = r < L ? rsqrtf(ss + 1e-6f) : 0.f;
-    sm.kn[r] = inv;
-    if (writes_norms && r < L) kn_out[int64_t(c0 + r) * Hk + kh] = inv;
-  } else if (warp == 2) {  // gamma = inclusive cumsum of g; lane holds rows 2 lane, 2 lane + 1
+    for (int i = 0; i < dk; ++i) ss += to_f32(x[i]) * to_f32(x[i]);
+    const float inv = r < L ? rsqrtf(ss + 1e-6f) * (is_q ? rsqrtf(static_cast<float>(dk)) : 1.f) : 0.f;
+    (is_q ? sm.qn : sm.kn)[r] = inv;
+    if (writes_norms && r < L) (is_q ? qn_out : kn_out)[int64_t(c0 + r) * Hk + kh] = inv;
+  }
+  if (warp == 0) {  // gamma = inclusive cumsum of g; lane holds rows 2 lane, 2 lane + 1
     const float a0 = sm.g[2 * lane], a1 = a0 + sm.g[2 * lane + 1];
     float incl = a1;
     for (int o = 1; o < 32; o <<= 1) {
@@ -211,31 +202,43 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
 
-  // G = K K^T on tensor cores: warp w has rows 16w..16w+15, column blocks up to its diagonal.
+  // G = K K^T and QK = Q K^T (raw) on tensor cores: warp w has rows 16w..16w+15, column
+  // blocks up to its diagonal.
   const int m0 = 16 * warp;
-  float G[8][4] = {};
+  float G[8][4] = {}, QK[8][4] = {};
   for (int kk = 0; kk < (dk + 15) / 16; ++kk) {
-    uint32_t a[4];
-    frag_a(a, sm.k, kLdD, m0, 16 * kk);
+    uint32_t ak[4], aq[4];
+    frag_a(ak, sm.k, kLdD, m0, 16 * kk);
+    frag_a(aq, sm.q, kLdD, m0, 16 * kk);
 #pragma unroll
     for (int np = 0; np < 4; ++np)
       if (np <= warp) {
         uint32_t b[4];
         frag_b_trans(b, sm.k, kLdD, 16 * kk, 16 * np);
-        mma_bf16(G[2 * np], a, b[0], b[1]);
-        mma_bf16(G[2 * np + 1], a, b[2], b[3]);
+        mma_bf16(G[2 * np], ak, b[0], b[1]);
+        mma_bf16(G[2 * np + 1], ak, b[2], b[3]);
+        mma_bf16(QK[2 * np], aq, b[0], b[1]);
+        mma_bf16(QK[2 * np + 1], aq, b[2], b[3]);
       }
   }
+  // A into shared memory; P rows straight to global memory (zero beyond the diagonal block).
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
-    if (nt / 2 <= warp) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = m0 + gr + 8 * (e >> 1), s = 8 * nt + 2 * tq + (e & 1);
-        sm.a[r * kLdA + s] = s < r && r < L
-                                 ? sm.beta[r] * sm.kn[r] * sm.kn[s] * G[nt][e] * expf(sm.gam[r] - sm.gam[s])
-                                 : 0.f;
+    for (int hf = 0; hf < 2; ++hf) {
+      const int r = m0 + gr + 8 * hf;
+      float pv[2] = {0.f, 0.f};
+      if (nt / 2 <= warp) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int s = 8 * nt + 2 * tq + e;
+          const bool in_chunk = s <= r && r < L;
+          const float decay = in_chunk ? expf(sm.gam[r] - sm.gam[s]) : 0.f;
+          sm.a[r * kLdA + s] = s < r ? sm.beta[r] * sm.kn[r] * sm.kn[s] * G[nt][2 * hf + e] * decay : 0.f;
+          pv[e] = sm.qn[r] * sm.kn[s] * QK[nt][2 * hf + e] * decay;
+        }
       }
+      if (r < L) store_pair(pmat + (int64_t(c0 + r) * Hv + h) * kC + 8 * nt + 2 * tq, pv[0], pv[1]);
     }
   __syncthreads();
 
@@ -261,7 +264,7 @@ struct PassSmem {
   bf16 k[2][kC * kLdD];  // raw k rows (double buffered: the state update reads them last)
   bf16 q[kC * kLdD];     // raw q rows
   bf16 tinv[kC * kLdC];  // (I + A)^-1
-  bf16 p[kC * kLdC];     // (Q K^T) o Gamma with the norms, lower triangle
+  bf16 p[2][kC * kLdC];  // P (double buffered: read last, by step 3)
   bf16 v[kC * kLdV];     // raw v, the tile's columns
   bf16 y[kC * kLdV];     // diag(beta) (V - diag(e^gamma) K S)
   bf16 vn[kC * kLdV];    // V'
@@ -270,13 +273,16 @@ struct PassSmem {
   float gam[2][kC], beta[2][kC], kn[2][kC], qn[2][kC];  // zero on padding rows
 };
 
+// Two pass blocks share an SM (228 KB): 192 blocks of the 27B's 48 heads run in one wave.
+static_assert(sizeof(PassSmem) + 1024 <= 228 * 1024 / 2, "pass shared memory");
+
 struct PassArgs {
   const bf16* qkv;
   const float* beta;
   void* state;
   bf16* out;
   const int32_t *cu_seqlens, *n_past, *slots;
-  const bf16* tinv;
+  const bf16 *tinv, *pmat;
   const float *gam, *kn, *qn;
   int state_dtype, Hk, Hv, dk, dv;
   bool vec;
@@ -317,13 +323,15 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
     const int c0 = t0 + c * kC, L = min(kC, t1 - c0);
     load_rows(sm.v, kLdV, kNV, p.qkv + c0 * C + 2 * Hk * dk + h * dv + col0, C, L, dv - col0, p.vec);
   };
-  auto issue_t = [&](int c) {
+  auto issue_tp = [&](int c, int b) {
     const int c0 = t0 + c * kC, L = min(kC, t1 - c0);
-    load_rows(sm.tinv, kLdC, kC, p.tinv + (int64_t(c0) * Hv + h) * kC, int64_t(Hv) * kC, L, kC, true);
+    const int64_t row0 = (int64_t(c0) * Hv + h) * kC;
+    load_rows(sm.tinv, kLdC, kC, p.tinv + row0, int64_t(Hv) * kC, L, kC, true);
+    load_rows(sm.p[b], kLdC, kC, p.pmat + row0, int64_t(Hv) * kC, L, kC, true);
   };
   issue_kq(0, 0);
   issue_v(0);
-  issue_t(0);
+  issue_tp(0, 0);
   cp_async_commit();
 
   // State tile in the accumulator layout: S[mt][nt][e] is row 32 warp + 16 mt + gr + 8 (e / 2),
@@ -363,8 +371,8 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
     const float *gam = sm.gam[b], *beta = sm.beta[b], *kn = sm.kn[b], *qn = sm.qn[b];
     const float gL = gam[L - 1];
 
-    // 1. X = K S, O = Q S (raw k, q) and P = Q K^T up to the diagonal block.
-    float X[4][4] = {}, O[4][4] = {}, P[8][4] = {};
+    // 1. X = K S, O = Q S (raw k, q).
+    float X[4][4] = {}, O[4][4] = {};
     for (int kk = 0; kk < nk; ++kk) {
       uint32_t ak[4], aq[4];
       frag_a(ak, kc, kLdD, m0, 16 * kk);
@@ -378,30 +386,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
         mma_bf16(O[2 * np], aq, bs[0], bs[1]);
         mma_bf16(O[2 * np + 1], aq, bs[2], bs[3]);
       }
-#pragma unroll
-      for (int np = 0; np < 4; ++np)
-        if (np <= warp) {
-          uint32_t bk[4];
-          frag_b_trans(bk, kc, kLdD, 16 * kk, 16 * np);
-          mma_bf16(P[2 * np], aq, bk[0], bk[1]);
-          mma_bf16(P[2 * np + 1], aq, bk[2], bk[3]);
-        }
     }
-    // P[r][s] = qn_r kn_s (q_r . k_s) e^(gamma_r - gamma_s) for s <= r < L, else 0.
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-      if (nt / 2 <= warp) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-          const int r = m0 + gr + 8 * hf, s = 8 * nt + 2 * tq;
-          float x0 = 0.f, x1 = 0.f;
-          if (r < L) {
-            if (s <= r) x0 = P[nt][2 * hf] * qn[r] * kn[s] * expf(gam[r] - gam[s]);
-            if (s + 1 <= r) x1 = P[nt][2 * hf + 1] * qn[r] * kn[s + 1] * expf(gam[r] - gam[s + 1]);
-          }
-          store_pair(&sm.p[r * kLdC + s], x0, x1);
-        }
-      }
     // O rows *= e^gamma qn (inter-chunk part); Y = diag(beta) (V - diag(e^gamma kn) X).
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
@@ -416,7 +401,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
         const float y1 = beta[r] * (to_f32(sm.v[r * kLdV + j + 1]) - xs * X[nt][2 * hf + 1]);
         store_pair(&sm.y[r * kLdV + j], y0, y1);
       }
-    __syncthreads();  // P, Y complete; q, v and the other k buffer are free
+    __syncthreads();  // Y complete; q, v and the other k buffer are free
     if (c + 1 < n_chunks) {
       issue_kq(c + 1, b ^ 1);
       issue_v(c + 1);
@@ -445,16 +430,16 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
         store_pair(&sm.vn[r * kLdV + j], Vn[nt][2 * hf], Vn[nt][2 * hf + 1]);
         store_pair(&sm.vd[r * kLdV + j], d * Vn[nt][2 * hf], d * Vn[nt][2 * hf + 1]);
       }
-    __syncthreads();  // V' complete; T and Y are free
+    __syncthreads();  // V' complete; T, Y and the other P buffer are free
     if (c + 1 < n_chunks) {
-      issue_t(c + 1);
+      issue_tp(c + 1, b ^ 1);
       cp_async_commit();
     }
 
     // 3. O += P V', then the chunk's outputs.
     for (int kk = 0; kk <= warp; ++kk) {
       uint32_t ap[4];
-      frag_a(ap, sm.p, kLdC, m0, 16 * kk);
+      frag_a(ap, sm.p[b], kLdC, m0, 16 * kk);
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t bv[4];
@@ -513,7 +498,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
 bool gdn_chunked_supported(int dk, int dv) { return dk >= 1 && dk <= kD && dv >= 1 && dv <= kD; }
 
 size_t gdn_chunked_scratch_bytes(int T, int Hk, int Hv) {
-  return align256(size_t(T) * Hv * kC * sizeof(bf16)) + align256(size_t(T) * Hv * sizeof(float)) +
+  return 2 * align256(size_t(T) * Hv * kC * sizeof(bf16)) + align256(size_t(T) * Hv * sizeof(float)) +
          2 * align256(size_t(T) * Hk * sizeof(float));
 }
 
@@ -523,6 +508,8 @@ void launch_gdn_chunked(const bf16* qkv, const float* g, const float* beta, void
   if (n_seqs == 0 || T == 0 || max_seq_len == 0) return;
   char* at = static_cast<char*>(scratch);
   bf16* tinv = reinterpret_cast<bf16*>(at);  // bf16 [T, Hv, 64]
+  at += align256(size_t(T) * Hv * kC * sizeof(bf16));
+  bf16* pmat = reinterpret_cast<bf16*>(at);  // bf16 [T, Hv, 64]
   at += align256(size_t(T) * Hv * kC * sizeof(bf16));
   float* gam = reinterpret_cast<float*>(at);  // f32 [T, Hv]
   at += align256(size_t(T) * Hv * sizeof(float));
@@ -535,13 +522,15 @@ void launch_gdn_chunked(const bf16* qkv, const float* g, const float* beta, void
   const size_t prep_smem = sizeof(PrepSmem);
   CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));
   const dim3 prep_grid((max_seq_len + kC - 1) / kC, n_seqs, Hv);
-  gdn_chunk_prep_kernel<<<prep_grid, kThreads, prep_smem, s>>>(qkv, g, beta, cu_seqlens, tinv, gam, kn, qn, Hk, Hv,
-                                                                dk, dv, vec);
+  gdn_chunk_prep_kernel<<<prep_grid, kThreads, prep_smem, s>>>(qkv, g, beta, cu_seqlens, tinv, pmat, gam, kn, qn,
+                                                                Hk, Hv, dk, dv, vec);
   cuda_check_launch("gdn_chunk_prep", s);
 
   const size_t pass_smem = sizeof(PassSmem);
   CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_pass_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pass_smem));
-  const PassArgs args{qkv, beta, state, out, cu_seqlens, n_past, slots, tinv, gam, kn, qn, state_dtype, Hk, Hv, dk, dv,
+  CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_pass_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared));
+  const PassArgs args{qkv, beta, state, out, cu_seqlens, n_past, slots, tinv, pmat, gam, kn, qn, state_dtype, Hk, Hv, dk, dv,
                       vec};
   const dim3 pass_grid(n_seqs, Hv, (dv + kNV - 1) / kNV);
   gdn_chunk_pass_kernel<<<pass_grid, kThreads, pass_smem, s>>>(args);

@@ -2,8 +2,8 @@
 // holds its tile S [dk, cols] in fp32 shared memory for the whole chunk; thread j owns column j
 // of the tile (the columns of S are independent given k, q, g and beta). Decode-sized chunks
 // use tiles of 32 columns to spread a step over more SMs; long chunks keep one tile per head,
-// since every tile repeats the per-token q/k normalisation. Used for every chunk length for
-// now (a chunked tensor-core prefill kernel is future work).
+// since every tile repeats the per-token q/k normalisation. CudaOps uses it for decode and
+// verify steps; prefill steps take the chunked kernel (gdn_chunked.cu).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
