@@ -490,6 +490,20 @@ void CudaOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape
             "GDN geometry");
   const size_t per_layer = size_t(geo_.n_slots) * sh.n_v_heads * sh.k_head_dim * sh.v_head_dim;
   void* state = static_cast<char*>(impl_->rec_states) + layer * per_layer * state_elem_size(options_.state_dtype);
+  // Prefill-sized steps take the chunked tensor-core kernel (every sequence of the step, short
+  // ones included); decode and verify steps keep the token-by-token one.
+  constexpr int kChunkedMinTokens = 32;
+  if (max_chunk_ >= kChunkedMinTokens && cuda::gdn_chunked_supported(sh.k_head_dim, sh.v_head_dim)) {
+    const int T = static_cast<int>(qkv.dim(0));
+    const size_t mark = scratch_mark();
+    const size_t bytes = cuda::gdn_chunked_scratch_bytes(T, sh.n_k_heads, sh.n_v_heads);
+    Tensor work = scratch(DType::kF32, {static_cast<int64_t>(bytes / sizeof(float))});
+    cuda::launch_gdn_chunked(B(qkv), F(g), F(beta), state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
+                             impl_->n_past, impl_->slots, plan_.n_seqs(), T, max_chunk_, sh.n_k_heads, sh.n_v_heads,
+                             sh.k_head_dim, sh.v_head_dim, work.data, impl_->stream);
+    scratch_release(mark);  // stream order: later work reuses it only after these kernels
+    return;
+  }
   cuda::launch_gdn_recurrent(B(qkv), F(g), F(beta), state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
                              sh.v_head_dim, /*short_chunks=*/max_chunk_ <= 16, impl_->stream);

@@ -1,7 +1,8 @@
 // Gated delta rule, token by token (the columns of S are independent given k, q, g and beta).
-// Long chunks: one block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory for the
-// whole chunk, thread j owning column j. Decode-sized chunks: the state lives in registers
-// across 4 warps (gdn_decode_kernel). A chunked tensor-core prefill kernel is future work.
+// Decode-sized chunks: the state lives in registers across 4 warps (gdn_decode_kernel). Long
+// chunks: one block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory for the whole
+// chunk, thread j owning column j; CudaOps uses it only where the chunked tensor-core kernel
+// (gdn_chunked.cu) lacks the shape.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"

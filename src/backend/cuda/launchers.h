@@ -95,6 +95,16 @@ void launch_gdn_recurrent(const bf16* qkv, const float* g, const float* beta, vo
                           bf16* out, const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs,
                           int Hk, int Hv, int dk, int dv, bool short_chunks, cudaStream_t s);
 
+// Gated delta rule prefill in chunks of 64 tokens on tensor cores (gdn_chunked.cu), same
+// contract as launch_gdn_recurrent for head dims up to 128 (gdn_chunked_supported). T: tokens
+// of the step; max_seq_len: the most tokens of one sequence; scratch: device memory of
+// gdn_chunked_scratch_bytes(T, Hk, Hv), 256-byte aligned.
+bool gdn_chunked_supported(int dk, int dv);
+size_t gdn_chunked_scratch_bytes(int T, int Hk, int Hv);
+void launch_gdn_chunked(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype, bf16* out,
+                        const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int T,
+                        int max_seq_len, int Hk, int Hv, int dk, int dv, void* scratch, cudaStream_t s);
+
 // Paged KV append: k, v bf16 [T, nKV, hd] into k_cache, v_cache bf16 [n_blocks, block_size, nKV, hd]
 // at each token's cache row (n_past[seq] + index in the sequence).
 void launch_kv_append(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache, const int32_t* seq_of_token,
