@@ -419,6 +419,7 @@ struct HttpServer::Impl {
   void metrics(httplib::Response& res) {
     EngineMetrics em = m.engine->metrics();
     std::ostringstream o;
+    o.precision(15);  // counters past 1e6 (tokens, seconds) keep every digit; the default 6 would not
     auto gauge = [&](const char* name, const char* help, double v) {
       o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n" << name << " " << v << "\n";
     };
