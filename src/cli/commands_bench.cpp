@@ -26,6 +26,9 @@ void register_bench_commands(CLI::App& app) {
   s->add_option("--prompt-vocab", o->prompt_vocab, "send random token-id prompts from [0, N) instead of words");
   s->add_option("--dataset", o->dataset, "JSONL file with {\"prompt\": ...} per line");
   s->add_option("--timeout", o->timeout_s, "per-request timeout in seconds")->capture_default_str();
+  s->add_option("--temperature", o->temperature, "sampling temperature of every request (0: greedy)")->capture_default_str();
+  s->add_option("--top-p", o->top_p, "top_p of every request")->capture_default_str();
+  s->add_option("--top-k", o->top_k, "top_k of every request (sent when > 0)")->capture_default_str();
   s->add_option("--out", *out, "also write the JSON report here");
   s->callback([o, out] {
     auto r = server::bench_serve(*o);

@@ -175,9 +175,7 @@ void Engine::finish(Req* r, FinishReason reason, Status error) {
   reqs_.erase(std::remove_if(reqs_.begin(), reqs_.end(), [r](const auto& p) { return p.get() == r; }), reqs_.end());
 }
 
-void Engine::sample_and_push(Req* r, const std::vector<float>& logits) {
-  std::span<const int32_t> all(r->seq.tokens);
-  SampleOutput s = r->sampler->sample(logits, all.first(r->n_prompt), all.subspan(r->n_prompt));
+void Engine::push_token(Req* r, SampleOutput s) {
   const auto now = Clock::now();
   if (r->n_generated() == 0) {
     r->t_first = now;
@@ -209,6 +207,7 @@ void Engine::loop() {
               runner_.n_slots());
   for (;;) {
     std::vector<std::unique_ptr<Req>> fresh;
+    Clock::time_point t_iter;  // the iteration's start, once there is work (idle waits excluded)
     {
       std::unique_lock lk(mu_);
       cv_.wait(lk, [&] {
@@ -217,6 +216,7 @@ void Engine::loop() {
         return false;
       });
       if (stop_) break;
+      t_iter = Clock::now();
       while (!incoming_.empty()) {
         fresh.push_back(std::move(incoming_.front()));
         incoming_.pop_front();
@@ -258,26 +258,28 @@ void Engine::loop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
-    const auto t0 = Clock::now();
-    auto result = runner_.step(plan.work);
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    {
-      std::lock_guard lk(mu_);
-      metrics_.steps_total++;
-      metrics_.step_seconds_total += dt;
+    std::vector<SampleJob> jobs(plan.seqs.size());
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      Req* r = static_cast<Req*>(plan.seqs[i]);
+      if (r->seq.n_cached + plan.work[i].n_tokens < static_cast<int>(r->seq.tokens.size())) continue;  // mid-prefill
+      std::span<const int32_t> all(r->seq.tokens);
+      jobs[i] = SampleJob{r->sampler.get(), all.first(r->n_prompt), all.subspan(r->n_prompt)};
     }
+    auto result = runner_.step_and_sample(plan.work, jobs);
     if (!result.ok()) {
       DS_LOG_ERROR("engine", "step failed: %s", result.status().message().c_str());
       for (SchedSeq* s : plan.seqs) finish(static_cast<Req*>(s), FinishReason::kError, result.status());
       publish_gauges();
       continue;
     }
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      Req* r = static_cast<Req*>(plan.seqs[i]);
-      if (r->seq.n_cached < static_cast<int>(r->seq.tokens.size())) continue;  // mid-prefill
-      sample_and_push(r, result.value()[i]);
-    }
+    for (size_t i = 0; i < plan.seqs.size(); ++i)
+      if (result.value().samples[i]) push_token(static_cast<Req*>(plan.seqs[i]), std::move(*result.value().samples[i]));
     publish_gauges();
+    const double dt = std::chrono::duration<double>(Clock::now() - t_iter).count();
+    std::lock_guard lk(mu_);
+    metrics_.steps_total++;
+    metrics_.step_seconds_total += dt;
+    metrics_.forward_seconds_total += result.value().model_seconds;
   }
   for (auto& r : reqs_) {
     sched_.remove(r.get());

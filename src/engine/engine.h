@@ -105,7 +105,7 @@ class Engine {
   struct Req;
   void loop();
   void finish(Req* r, FinishReason reason, Status error = Status());
-  void sample_and_push(Req* r, const std::vector<float>& logits);
+  void push_token(Req* r, SampleOutput s);
   void publish_gauges();
 
   Runner& runner_;

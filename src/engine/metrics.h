@@ -31,7 +31,11 @@ struct EngineMetrics {
   uint64_t preemptions_total = 0;
   uint64_t requests_finished_total[6] = {};  // by FinishReason (engine.h)
   uint64_t steps_total = 0;
+  // Per engine step: the whole loop iteration (draining, scheduling, planning, the model,
+  // pushing tokens to the streams) and, within it, the model forward + sampling with the
+  // device synchronised. 1 - forward / step is the engine thread's own overhead.
   double step_seconds_total = 0.0;
+  double forward_seconds_total = 0.0;
   int kv_blocks_total = 0, kv_blocks_used = 0;
   int state_slots_total = 0, state_slots_used = 0;
   Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}};

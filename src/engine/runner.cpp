@@ -2,6 +2,9 @@
 #include "engine/runner.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
 
 namespace ds {
 
@@ -76,6 +79,62 @@ Result<std::vector<std::vector<float>>> Runner::step(const std::vector<SeqWork>&
     row += rows;
     w.seq->n_cached += w.n_tokens;
   }
+  return out;
+}
+
+Result<StepSamples> Runner::step_and_sample(const std::vector<SeqWork>& work, const std::vector<SampleJob>& jobs) {
+  DS_ASSERT(jobs.size() == work.size(), "one sample job per work item");
+  static const bool force_cpu = [] {
+    const char* env = std::getenv("DS_CPU_SAMPLER");  // env: DS_CPU_SAMPLER=1: host sampling (A/B)
+    return env && std::strcmp(env, "0") != 0;
+  }();
+  DS_ASSIGN_OR_RETURN(StepPlan plan, plan_step(work));
+  const auto t0 = std::chrono::steady_clock::now();
+  ops_.reset_scratch();
+  Tensor logits = model_.forward(plan);  // act [n_out, V]
+  const int64_t V = model_.config().vocab_size;
+  StepSamples out;
+  out.samples.resize(work.size());
+  std::vector<SampleRowSpec> specs;
+  std::vector<size_t> spec_item;
+  std::vector<size_t> host_items;
+  int64_t row = 0;
+  std::vector<int64_t> last_row(work.size());
+  for (size_t i = 0; i < work.size(); ++i) {
+    row += work[i].all_logits ? work[i].n_tokens : 1;
+    last_row[i] = row - 1;
+    if (!jobs[i].sampler) continue;
+    std::optional<SampleRowSpec> spec;
+    if (!force_cpu && ops_.supports_sample()) spec = jobs[i].sampler->device_spec(jobs[i].prompt, jobs[i].generated);
+    if (!spec) {
+      host_items.push_back(i);
+      continue;
+    }
+    spec->row = static_cast<int32_t>(last_row[i]);
+    specs.push_back(std::move(*spec));
+    spec_item.push_back(i);
+  }
+  if (!specs.empty()) {
+    std::vector<SampledToken> tokens(specs.size());
+    ops_.sample(logits, specs, tokens.data());
+    for (size_t j = 0; j < specs.size(); ++j)
+      out.samples[spec_item[j]] = jobs[spec_item[j]].sampler->from_device(tokens[j]);
+  }
+  if (host_items.size() == 1) {  // one row: copy just it
+    std::vector<float> host_row(static_cast<size_t>(V));
+    const size_t i = host_items[0];
+    ops_.download_f32(logits.rows(last_row[i], 1), host_row.data());
+    out.samples[i] = jobs[i].sampler->sample(host_row, jobs[i].prompt, jobs[i].generated);
+  } else if (!host_items.empty()) {  // the whole [n_out, V] in one copy
+    std::vector<float> all(static_cast<size_t>(logits.numel()));
+    ops_.download_f32(logits, all.data());
+    for (size_t i : host_items)
+      out.samples[i] = jobs[i].sampler->sample(std::span<const float>(all).subspan(last_row[i] * V, V),
+                                               jobs[i].prompt, jobs[i].generated);
+  }
+  ops_.synchronize();
+  out.model_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const SeqWork& w : work) w.seq->n_cached += w.n_tokens;
   return out;
 }
 

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "cache/kv_block_pool.h"
 #include "cache/state_slots.h"
 #include "core/status.h"
+#include "engine/sampler.h"
 #include "engine/seq_pools.h"
 #include "model/qwen3_5.h"
 
@@ -26,6 +29,19 @@ struct SeqWork {
   Sequence* seq = nullptr;
   int n_tokens = 0;
   bool all_logits = false;  // logits of every fed row, else of the last one only
+};
+
+// The engine's draw for one work item: from its last logit row, once the step has run.
+struct SampleJob {
+  Sampler* sampler = nullptr;              // null: no draw (the sequence is still in prefill)
+  std::span<const int32_t> prompt, generated;  // the request's tokens (penalties)
+};
+
+// step_and_sample's answer: one draw per job with a sampler, and the seconds the model
+// forward and the sampling took, device work included (the engine's overhead metric).
+struct StepSamples {
+  std::vector<std::optional<SampleOutput>> samples;  // [work.size()]
+  double model_seconds = 0.0;
 };
 
 struct RunnerOptions {
@@ -56,6 +72,10 @@ class Runner : public SeqPools {
   Result<StepPlan> plan_step(const std::vector<SeqWork>& work);
   // Runs one step; returns fp32 logits per work item, [rows, vocab] flattened.
   Result<std::vector<std::vector<float>>> step(const std::vector<SeqWork>& work);
+  // Runs one step and draws a token for every job with a sampler: on the device when the
+  // backend has a sampler (only tokens and logprobs come back), on the host from downloaded
+  // logits for rows the device cannot do. env: DS_CPU_SAMPLER=1 forces the host path (A/B).
+  Result<StepSamples> step_and_sample(const std::vector<SeqWork>& work, const std::vector<SampleJob>& jobs);
 
   // Greedy decoding of one sequence: prefill in chunks of `prefill_chunk` tokens (<= 0: all
   // at once), then up to max_tokens new tokens, stopping after any of stop_ids.

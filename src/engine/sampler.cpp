@@ -10,7 +10,7 @@
 namespace ds {
 
 Sampler::Sampler(const SamplingParams& params, uint64_t fallback_seed)
-    : params_(params), rng_(params.has_seed ? params.seed : fallback_seed) {}
+    : params_(params), seed_(params.has_seed ? params.seed : fallback_seed), rng_(seed_) {}
 
 double Sampler::uniform() { return static_cast<double>(rng_() >> 11) * (1.0 / 9007199254740992.0); }
 
@@ -122,6 +122,46 @@ SampleOutput Sampler::sample(std::span<const float> logits, std::span<const int3
       for (int64_t i = 0; i < k; ++i) out.top.push_back({idx[i], static_cast<float>(logits[idx[i]] - lse)});
     }
   }
+  return out;
+}
+
+std::optional<SampleRowSpec> Sampler::device_spec(std::span<const int32_t> prompt,
+                                                  std::span<const int32_t> generated) {
+  if (params_.n_logprobs > kMaxTopLogprobs) return std::nullopt;
+  SampleRowSpec spec;
+  spec.temperature = params_.temperature;
+  spec.top_p = params_.top_p;
+  spec.top_k = params_.top_k;
+  spec.min_p = params_.min_p;
+  spec.n_logprobs = params_.n_logprobs;
+  spec.seed = seed_;
+  spec.draw = device_draws_++;
+  // One edit per touched token, with the values sample() would use (same float arithmetic).
+  std::unordered_map<int32_t, size_t> at;
+  auto edit = [&](int32_t t) -> LogitEdit& {
+    auto [it, fresh] = at.emplace(t, spec.edits.size());
+    if (fresh) spec.edits.push_back(LogitEdit{t, 0.0f, 1.0f, 0.0f});
+    return spec.edits[it->second];
+  };
+  for (const auto& [id, bias] : params_.logit_bias) edit(id).bias += bias;
+  if (params_.repetition_penalty != 1.0f) {
+    for (int32_t t : prompt) edit(t).repetition = params_.repetition_penalty;
+    for (int32_t t : generated) edit(t).repetition = params_.repetition_penalty;
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> counts;
+    for (int32_t t : generated) ++counts[t];
+    for (const auto& [t, c] : counts)
+      edit(t).subtract = params_.presence_penalty + params_.frequency_penalty * static_cast<float>(c);
+  }
+  return spec;
+}
+
+SampleOutput Sampler::from_device(const SampledToken& t) const {
+  SampleOutput out;
+  out.token = t.token;
+  out.logprob = t.logprob;
+  for (int i = 0; i < t.n_top; ++i) out.top.push_back({t.top_ids[i], t.top_logprobs[i]});
   return out;
 }
 

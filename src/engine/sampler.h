@@ -1,13 +1,17 @@
 // Sampler: picks the next token of one request from its fp32 logits on the CPU: penalties,
 // logit bias, temperature, top-k, top-p, min-p, a per-request seeded generator, logprobs.
-// Knows nothing of HTTP or JSON; the GPU sampler (later) must match its semantics.
+// Knows nothing of HTTP or JSON. The device sampler (Ops::sample) follows the same semantics;
+// device_spec() turns a request's state into its per-row spec.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <utility>
 #include <vector>
+
+#include "ops/sampling.h"
 
 namespace ds {
 
@@ -47,13 +51,23 @@ class Sampler {
   SampleOutput sample(std::span<const float> logits, std::span<const int32_t> prompt,
                       std::span<const int32_t> generated);
 
+  // The spec of this request's next draw on a device sampler (logit bias and penalties become
+  // per-token edits), or nullopt when the device cannot do it (more than kMaxTopLogprobs
+  // logprobs). Each call takes a new draw number: device draws are a pure function of
+  // (seed, draw number), reproducible for a seed but not equal to this class's host draws.
+  std::optional<SampleRowSpec> device_spec(std::span<const int32_t> prompt, std::span<const int32_t> generated);
+  // The device's answer as sample() gives it.
+  SampleOutput from_device(const SampledToken& t) const;
+
   const SamplingParams& params() const { return params_; }
 
  private:
   double uniform();  // [0, 1) from 53 random bits (std distributions differ between libraries)
 
   SamplingParams params_;
+  uint64_t seed_;
   std::mt19937_64 rng_;
+  uint64_t device_draws_ = 0;
   std::vector<float> work_;           // f32 [vocab] processed logits
   std::vector<int32_t> candidates_;   // token ids still in the support
 };

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/sampling.h"
 #include "ops/step_plan.h"
 
 namespace ds {
@@ -140,6 +141,15 @@ class Ops {
   virtual void sigmoid_mul(Tensor x, Tensor gate) = 0;
   // out act [T, D1 + D2] = concat(a act [T, D1], b act [T, D2]) along the last dim
   virtual void concat_cols(Tensor a, Tensor b, Tensor out) = 0;
+
+  // --- sampling (optional; engine/sampler.h is the reference) ---
+  // Whether sample() exists; otherwise the engine downloads logits and samples on the host.
+  virtual bool supports_sample() const { return false; }
+  // One token per spec from its row of logits act [rows, V]; out: [specs.size()]. Synchronises:
+  // only the tokens and logprobs are copied back.
+  virtual void sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) {
+    DS_FATAL("%s has no device sampler", name());
+  }
 };
 
 }  // namespace ds

@@ -5,12 +5,16 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <atomic>
 #include <chrono>
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <thread>
 
 namespace ds::server {
@@ -90,8 +94,9 @@ Sample run_one(const BenchServeOptions& o, const json& prompt) {
   cli.set_connection_timeout(10, 0);
   httplib::Headers h;
   if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
-  json body = {{"model", o.model}, {"prompt", prompt}, {"max_tokens", o.output_len}, {"temperature", 0},
-               {"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  json body = {{"model", o.model}, {"prompt", prompt}, {"max_tokens", o.output_len}, {"temperature", o.temperature},
+               {"top_p", o.top_p}, {"ignore_eos", true}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
+  if (o.top_k > 0) body["top_k"] = o.top_k;
   const auto t0 = Clock::now();
   auto last = t0;
   bool first = true;
@@ -150,6 +155,38 @@ Sample run_one(const BenchServeOptions& o, const json& prompt) {
   return s;
 }
 
+// A deltaserve server's engine step counters from /metrics (nullopt for other servers).
+struct StepCounters {
+  double steps = 0, step_seconds = 0, forward_seconds = 0;
+};
+
+std::optional<StepCounters> scrape_step_counters(const BenchServeOptions& o) {
+  httplib::Client cli(o.url);
+  cli.set_connection_timeout(5, 0);
+  cli.set_read_timeout(10, 0);
+  httplib::Headers h;
+  if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
+  auto res = cli.Get("/metrics", h);
+  if (!res || res->status != 200) return std::nullopt;
+  StepCounters c;
+  int found = 0;
+  std::istringstream in(res->body);
+  for (std::string line; std::getline(in, line);) {
+    const size_t sp = line.find(' ');
+    if (line.empty() || line[0] == '#' || sp == std::string::npos) continue;
+    const std::string name = line.substr(0, sp);
+    double* dst = name == "deltaserve_steps_total"           ? &c.steps
+                  : name == "deltaserve_step_seconds_total"    ? &c.step_seconds
+                  : name == "deltaserve_forward_seconds_total" ? &c.forward_seconds
+                                                               : nullptr;
+    if (!dst) continue;
+    *dst = std::strtod(line.c_str() + sp + 1, nullptr);
+    ++found;
+  }
+  if (found != 3) return std::nullopt;
+  return c;
+}
+
 }  // namespace
 
 Result<std::string> bench_serve(const BenchServeOptions& o) {
@@ -159,7 +196,8 @@ Result<std::string> bench_serve(const BenchServeOptions& o) {
   std::vector<json> prompts = make_prompts(o, st);
   if (!st.ok()) return st;
   json report = {{"url", o.url}, {"model", o.model}, {"num_prompts", o.num_prompts}, {"input_len", o.input_len},
-                 {"output_len", o.output_len}, {"seed", o.seed}, {"prompt_kind", !o.dataset.empty() ? "dataset" : o.prompt_vocab > 0 ? "token_ids" : "words"},
+                 {"output_len", o.output_len}, {"seed", o.seed}, {"temperature", o.temperature}, {"top_p", o.top_p},
+                 {"top_k", o.top_k}, {"prompt_kind", !o.dataset.empty() ? "dataset" : o.prompt_vocab > 0 ? "token_ids" : "words"},
                  {"results", json::array()}};
   size_t next_prompt = 0;
   for (int c : o.concurrency) {
@@ -168,6 +206,7 @@ Result<std::string> bench_serve(const BenchServeOptions& o) {
     std::atomic<int> next{0};
     const size_t base = next_prompt;
     next_prompt += static_cast<size_t>(o.num_prompts);
+    const std::optional<StepCounters> before = scrape_step_counters(o);
     const auto t0 = Clock::now();
     std::vector<std::thread> workers;
     for (int w = 0; w < c; ++w)
@@ -177,6 +216,7 @@ Result<std::string> bench_serve(const BenchServeOptions& o) {
       });
     for (auto& t : workers) t.join();
     const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    const std::optional<StepCounters> after = before ? scrape_step_counters(o) : std::nullopt;
     std::vector<double> ttft, tpot, itl, lat;
     int64_t out_tokens = 0, in_tokens = 0;
     int n_ok = 0;
@@ -200,6 +240,17 @@ Result<std::string> bench_serve(const BenchServeOptions& o) {
                                  {"total_token_throughput", static_cast<double>(out_tokens + in_tokens) / wall},
                                  {"total_input_tokens", in_tokens}, {"total_output_tokens", out_tokens},
                                  {"ttft", stats(ttft)}, {"tpot", stats(tpot)}, {"itl", stats(itl)}, {"e2e_latency", stats(lat)}});
+    // deltaserve only: the engine thread's own share of its steps over this level
+    if (after && after->step_seconds > before->step_seconds) {
+      const double steps = after->steps - before->steps, step_s = after->step_seconds - before->step_seconds,
+                   fwd_s = after->forward_seconds - before->forward_seconds;
+      const double overhead = 1.0 - fwd_s / step_s;
+      report["results"].back()["server_steps"] = {{"steps", steps}, {"step_seconds", step_s}, {"forward_seconds", fwd_s},
+                                                  {"mean_step_ms", steps > 0 ? step_s / steps * 1e3 : 0.0},
+                                                  {"overhead", overhead}};
+      std::fprintf(stderr, "concurrency %d: %.0f steps, mean step %.3f ms, server overhead = 1 - forward/step = %.2f%%\n",
+                   c, steps, steps > 0 ? step_s / steps * 1e3 : 0.0, overhead * 100.0);
+    }
   }
   return report.dump(2);
 }

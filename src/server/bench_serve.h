@@ -23,6 +23,10 @@ struct BenchServeOptions {
   int prompt_vocab = 0;        // > 0: prompts are random token ids in [0, prompt_vocab)
   std::string dataset;         // JSONL with {"prompt": "..."} per line (overrides generated prompts)
   double timeout_s = 600;
+  // Sampling sent with every request (temperature 0: greedy); top_k is sent only when > 0.
+  double temperature = 0.0;
+  double top_p = 1.0;
+  int top_k = 0;
 };
 
 // Runs every concurrency level; returns the JSON report (also what is printed).

@@ -419,6 +419,7 @@ struct HttpServer::Impl {
   void metrics(httplib::Response& res) {
     EngineMetrics em = m.engine->metrics();
     std::ostringstream o;
+    o.precision(15);  // counters past 1e6 (tokens, seconds) keep every digit; the default 6 would not
     auto gauge = [&](const char* name, const char* help, double v) {
       o << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n" << name << " " << v << "\n";
     };
@@ -431,7 +432,8 @@ struct HttpServer::Impl {
     counter("deltaserve_generation_tokens_total", "Generated tokens.", static_cast<double>(em.generation_tokens_total));
     counter("deltaserve_preemptions_total", "Sequences preempted (recomputed later) because the KV pool ran dry.", static_cast<double>(em.preemptions_total));
     counter("deltaserve_steps_total", "Engine steps run.", static_cast<double>(em.steps_total));
-    counter("deltaserve_step_seconds_total", "Seconds spent in engine steps.", em.step_seconds_total);
+    counter("deltaserve_step_seconds_total", "Seconds of engine loop iterations that ran a step (scheduling, the model, pushing tokens).", em.step_seconds_total);
+    counter("deltaserve_forward_seconds_total", "Seconds of those steps in the model forward and sampling, device synchronised.", em.forward_seconds_total);
     o << "# HELP deltaserve_requests_finished_total Finished requests by reason.\n# TYPE deltaserve_requests_finished_total counter\n";
     for (int r = 1; r < 6; ++r)
       o << "deltaserve_requests_finished_total{reason=\"" << finish_reason_name(static_cast<FinishReason>(r)) << "\"} "

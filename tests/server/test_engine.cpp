@@ -275,6 +275,9 @@ TEST(Engine, ThirtyTwoConcurrentGreedyEqualAlone) {
   EXPECT_EQ(m.kv_blocks_used, 0);
   EXPECT_EQ(m.state_slots_used, 0);
   EXPECT_EQ(m.generation_tokens_total, uint64_t(kN * kNew));
+  EXPECT_GE(m.steps_total, uint64_t(kNew));
+  EXPECT_GT(m.forward_seconds_total, 0.0);
+  EXPECT_LE(m.forward_seconds_total, m.step_seconds_total);
 }
 
 TEST(Engine, PreemptedRequestsProduceTheirUnpreemptedOutput) {

@@ -168,6 +168,13 @@ TEST(HttpServer, ThirtyTwoConcurrentGreedyRequestsEqualTheirSoloRuns) {
     EXPECT_EQ(j["usage"]["completion_tokens"], 10);
   }
   EXPECT_EQ(s.metric("deltaserve_state_slots_used"), 0);
+  // the engine step counters behind bench serve's overhead figure: forward within step
+  const double steps = s.metric("deltaserve_steps_total"), step_s = s.metric("deltaserve_step_seconds_total"),
+               fwd_s = s.metric("deltaserve_forward_seconds_total");
+  EXPECT_GE(steps, 10);  // 10 decode tokens each, batched
+  EXPECT_GT(fwd_s, 0);
+  EXPECT_LE(fwd_s, step_s);
+  EXPECT_GT(fwd_s / step_s, 0.5) << "the CPU model dominates a step";
 }
 
 TEST(HttpServer, DisconnectMidStreamFreesTheSlot) {

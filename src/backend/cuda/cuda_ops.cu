@@ -554,4 +554,36 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
                          plan_.n_seqs(), split_max_chunk, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
 }
 
+void CudaOps::sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) {
+  expect_bf16(logits, "sample logits");
+  if (specs.empty()) return;
+  const int V = static_cast<int>(logits.dim(1));
+  std::vector<cuda::SampleRowParams> rows(specs.size());
+  std::vector<LogitEdit> edits;
+  int64_t n_work = 0;  // rows with edits, each gets an f32 [V] copy
+  for (size_t r = 0; r < specs.size(); ++r) {
+    const SampleRowSpec& s = specs[r];
+    DS_ASSERT(s.row >= 0 && s.row < logits.dim(0), "sample row %d of %lld", s.row, (long long)logits.dim(0));
+    rows[r] = {s.edits.empty() ? -1 : n_work++ * V, s.seed, s.draw, s.temperature, s.top_p, s.min_p, s.row, s.top_k,
+               s.n_logprobs, static_cast<int32_t>(edits.size()), static_cast<int32_t>(edits.size() + s.edits.size())};
+    edits.insert(edits.end(), s.edits.begin(), s.edits.end());
+  }
+  const size_t mark = scratch_mark();
+  const size_t rows_bytes = rows.size() * sizeof(rows[0]), edit_bytes = edits.size() * sizeof(LogitEdit);
+  Tensor buf = scratch(DType::kI32, {static_cast<int64_t>((rows_bytes + edit_bytes + 3) / 4)});
+  char* d_rows = static_cast<char*>(buf.data);
+  CUDA_CHECK(cudaMemcpyAsync(d_rows, rows.data(), rows_bytes, cudaMemcpyHostToDevice, impl_->stream));
+  if (edit_bytes)
+    CUDA_CHECK(cudaMemcpyAsync(d_rows + rows_bytes, edits.data(), edit_bytes, cudaMemcpyHostToDevice, impl_->stream));
+  float* work = n_work ? F(scratch(DType::kF32, {n_work, V})) : nullptr;
+  Tensor d_out = scratch(DType::kI32, {static_cast<int64_t>(specs.size() * sizeof(SampledToken) / 4)});
+  cuda::launch_sample(B(logits), V, reinterpret_cast<const cuda::SampleRowParams*>(d_rows),
+                      static_cast<int>(specs.size()), reinterpret_cast<const LogitEdit*>(d_rows + rows_bytes), work,
+                      static_cast<SampledToken*>(d_out.data), impl_->stream);
+  CUDA_CHECK(cudaMemcpyAsync(out, d_out.data, specs.size() * sizeof(SampledToken), cudaMemcpyDeviceToHost,
+                             impl_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));  // also keeps rows/edits (pageable) alive until copied
+  scratch_release(mark);
+}
+
 }  // namespace ds

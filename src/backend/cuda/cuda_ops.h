@@ -68,6 +68,8 @@ class CudaOps final : public Ops {
   void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
   void sigmoid_mul(Tensor x, Tensor gate) override;
   void concat_cols(Tensor a, Tensor b, Tensor out) override;
+  bool supports_sample() const override { return true; }
+  void sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) override;
 
   size_t weight_bytes() const { return weight_bytes_; }
   size_t cache_bytes() const { return cache_bytes_; }

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "ops/sampling.h"
+
 namespace ds::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -146,5 +148,18 @@ void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_
                               int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                               const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
                               int min_len, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s);
+
+// Per-row parameters of launch_sample, built on the host from a SampleRowSpec.
+struct SampleRowParams {
+  int64_t work_offset;  // the row's f32 [V] edited copy in `work`, or -1 when it has no edits
+  uint64_t seed, draw;
+  float temperature, top_p, min_p;
+  int32_t row, top_k, n_logprobs;
+  int32_t edit_begin, edit_end;  // its LogitEdits: edits[edit_begin, edit_end)
+};
+// One token per row (sampler.cu): logits bf16 [*, V]; rows [n_rows]; edits [sum of ranges];
+// work f32 [rows with edits, V]; out [n_rows].
+void launch_sample(const bf16* logits, int V, const SampleRowParams* rows, int n_rows, const LogitEdit* edits,
+                   float* work, SampledToken* out, cudaStream_t s);
 
 }  // namespace ds::cuda
