@@ -177,7 +177,10 @@ void Engine::finish(Req* r, FinishReason reason, Status error) {
 
 void Engine::sample_and_push(Req* r, const std::vector<float>& logits) {
   std::span<const int32_t> all(r->seq.tokens);
-  SampleOutput s = r->sampler->sample(logits, all.first(r->n_prompt), all.subspan(r->n_prompt));
+  TokenConstraint* constraint = r->g.constraint.get();
+  SampleOutput s = r->sampler->sample(logits, all.first(r->n_prompt), all.subspan(r->n_prompt), constraint);
+  if (s.token < 0) return finish(r, FinishReason::kError, Status(ErrorCode::kInternal, "the output constraint allows no next token"));
+  if (constraint) constraint->accept(s.token);
   const auto now = Clock::now();
   if (r->n_generated() == 0) {
     r->t_first = now;
@@ -198,7 +201,7 @@ void Engine::sample_and_push(Req* r, const std::vector<float>& logits) {
   ev.is_stop = stop_id && r->n_generated() > r->g.min_tokens;
   const bool stop = ev.is_stop;
   r->stream->push(std::move(ev));
-  if (stop) return finish(r, FinishReason::kStop);
+  if (stop || (constraint && constraint->done())) return finish(r, FinishReason::kStop);
   if (r->n_generated() >= r->g.max_tokens || static_cast<int>(r->seq.tokens.size()) >= options_.max_model_len)
     finish(r, FinishReason::kLength);
 }

@@ -1,6 +1,7 @@
 // Sampler: picks the next token of one request from its fp32 logits on the CPU: penalties,
-// logit bias, temperature, top-k, top-p, min-p, a per-request seeded generator, logprobs.
-// Knows nothing of HTTP or JSON; the GPU sampler (later) must match its semantics.
+// logit bias, temperature, top-k, top-p, min-p, a per-request seeded generator, logprobs, and
+// an optional TokenConstraint (mask-and-redraw). Knows nothing of HTTP or JSON; the GPU
+// sampler must match its semantics and leave constrained requests to this one.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,8 @@
 #include <span>
 #include <utility>
 #include <vector>
+
+#include "engine/token_constraint.h"
 
 namespace ds {
 
@@ -44,13 +47,16 @@ class Sampler {
   Sampler(const SamplingParams& params, uint64_t fallback_seed);
 
   // logits: f32 [vocab]. prompt/generated: the request's tokens so far (for penalties).
+  // constraint: when given, the token is one it allows, drawn from the processed distribution
+  // with the refused tokens masked; token -1 when it allows none.
   SampleOutput sample(std::span<const float> logits, std::span<const int32_t> prompt,
-                      std::span<const int32_t> generated);
+                      std::span<const int32_t> generated, const TokenConstraint* constraint = nullptr);
 
   const SamplingParams& params() const { return params_; }
 
  private:
   double uniform();  // [0, 1) from 53 random bits (std distributions differ between libraries)
+  int32_t pick(const float* w, int64_t V);  // greedy or one draw from processed logits w; -1 if all are -inf
 
   SamplingParams params_;
   std::mt19937_64 rng_;
