@@ -309,8 +309,12 @@ std::variant<ParsedRequest, ApiError> parse_chat_request(const std::string& body
       bool known = false;
       for (const auto& t : cr.tools) known = known || t["function"]["name"] == forced_name;
       if (!known) return bad("tool_choice", "'tool_choice' names the function '" + forced_name + "', which is not in 'tools'");
-      if (forced_name.find_first_of("<>\n") != std::string::npos)
-        return bad("tool_choice", "the function name '" + forced_name + "' cannot be forced (it contains '<', '>' or a newline)");
+    }
+    for (const auto& t : cr.tools) {  // the names a forced call may write
+      const std::string name = t["function"]["name"].get<std::string>();
+      const bool forced = tool_choice == "required" || (tool_choice == "function" && name == forced_name);
+      if (forced && (name.empty() || name.find_first_of("<>\n") != std::string::npos))
+        return bad("tools", "the function name '" + name + "' cannot be forced by tool_choice (empty, or it contains '<', '>' or a newline)");
     }
   }
   if (tool_choice == "none") cr.tools = nullptr;
@@ -337,9 +341,13 @@ std::variant<ParsedRequest, ApiError> parse_chat_request(const std::string& body
   // to the prompt (prefilled, and re-added to the output text before parsing); with reasoning
   // open it must follow the model's thinking, so the engine forces it token by token right
   // after "</think>" (with the "\n\n" the template puts there).
+  // "required" forces "<function=" and then one of the tools' names.
   std::vector<int32_t> forced;
+  std::vector<std::string> names;
+  if (tool_choice == "required")
+    for (const auto& t : cr.tools) names.push_back(t["function"]["name"].get<std::string>() + ">\n");
   if (r.tool_required) {
-    const std::string opening = "<tool_call>\n" + (forced_name.empty() ? "" : "<function=" + forced_name + ">\n");
+    const std::string opening = "<tool_call>\n<function=" + (forced_name.empty() ? "" : forced_name + ">\n");
     auto ids = m.tokenizer->encode(r.starts_in_reasoning ? "\n\n" + opening : opening, /*add_special_tokens=*/false);
     if (!ids.ok()) return bad("tool_choice", ids.status().message());
     if (r.starts_in_reasoning) {
@@ -359,8 +367,8 @@ std::variant<ParsedRequest, ApiError> parse_chat_request(const std::string& body
   if (auto e = parse_common(j, m, r)) return *e;
   if (r.tool_required && r.json_output)
     return bad("response_format", "'response_format' JSON cannot be combined with a forced tool call ('tool_choice')");
-  if (r.json_output || !forced.empty())
-    r.gen.constraint = std::make_shared<OutputConstraint>(m.tokenizer, r.starts_in_reasoning, std::move(forced), r.json_output);
+  if (r.json_output || !forced.empty() || !names.empty())
+    r.gen.constraint = std::make_shared<OutputConstraint>(m.tokenizer, r.starts_in_reasoning, std::move(forced), std::move(names), r.json_output);
   return r;
 }
 
@@ -397,7 +405,8 @@ std::variant<ParsedRequest, ApiError> parse_completion_request(const std::string
   if (f.err) return *f.err;
   r.gen.sampling.n_logprobs = r.logprobs ? r.top_logprobs : -1;
   if (auto e = parse_common(j, m, r)) return *e;
-  if (r.json_output) r.gen.constraint = std::make_shared<OutputConstraint>(m.tokenizer, false, std::vector<int32_t>{}, r.json_output);
+  if (r.json_output)
+    r.gen.constraint = std::make_shared<OutputConstraint>(m.tokenizer, false, std::vector<int32_t>{}, std::vector<std::string>{}, r.json_output);
   return r;
 }
 

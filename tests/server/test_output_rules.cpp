@@ -211,13 +211,13 @@ int32_t id_of(const tok::Tokenizer& t, const std::string& s) {
   return ids[0];
 }
 
-TEST(OutputConstraint, ThinkingIsFreeThenForcedTokensThenJson) {
+TEST(OutputConstraint, ThinkingIsFreeThenForcedTokensThenAChoiceThenJson) {
   auto tok = tiny_tok();
   ASSERT_TRUE(tok->token_id("</think>"));
   const int32_t close = *tok->token_id("</think>");
   JsonAutomaton::Options o;
   o.top_level = '{';
-  OutputConstraint c(tok, /*after_think=*/true, {id_of(*tok, "x"), id_of(*tok, "y")}, JsonAutomaton(o));
+  OutputConstraint c(tok, /*after_think=*/true, {id_of(*tok, "x"), id_of(*tok, "y")}, {"ab", "ac"}, JsonAutomaton(o));
   EXPECT_TRUE(c.allows(id_of(*tok, "}")));  // thinking: anything
   c.accept(id_of(*tok, "z"));
   c.accept(close);
@@ -225,6 +225,12 @@ TEST(OutputConstraint, ThinkingIsFreeThenForcedTokensThenJson) {
   EXPECT_TRUE(c.allows(id_of(*tok, "x")));
   c.accept(id_of(*tok, "x"));
   c.accept(id_of(*tok, "y"));
+  EXPECT_TRUE(c.allows(id_of(*tok, "a")));  // one of the choices
+  EXPECT_FALSE(c.allows(id_of(*tok, "b")));
+  c.accept(id_of(*tok, "a"));
+  EXPECT_TRUE(c.allows(id_of(*tok, "c")));
+  EXPECT_FALSE(c.allows(id_of(*tok, "a")));
+  c.accept(id_of(*tok, "c"));
   EXPECT_FALSE(c.allows(id_of(*tok, "[")));  // top level must be an object
   EXPECT_TRUE(c.allows(id_of(*tok, " ")));
   for (char ch : std::string("{\"k\":1")) c.accept(id_of(*tok, std::string(1, ch)));
