@@ -117,6 +117,8 @@ SampleOutput Sampler::sample(std::span<const float> logits, std::span<const int3
 
   if (!constraint) {
     out.token = pick(w, V);
+  } else if (constraint->only() >= 0) {
+    out.token = constraint->only();
   } else {
     // Lazy masking: most draws are allowed, so test the drawn token and redraw with it masked;
     // after a few refusals mask the whole vocabulary once (exact, but costs V checks).

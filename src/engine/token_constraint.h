@@ -17,6 +17,8 @@ class TokenConstraint {
   virtual void accept(int32_t token) = 0;
   // The output is complete: the engine ends the request now (finish reason "stop").
   virtual bool done() const = 0;
+  // The one token allowed next, when there is exactly one (saves the sampler its redraws); else -1.
+  virtual int32_t only() const { return -1; }
 };
 
 }  // namespace ds

@@ -73,6 +73,8 @@ void OutputConstraint::accept(int32_t token) {
   }
 }
 
+int32_t OutputConstraint::only() const { return phase_ == Phase::kForced ? forced_[n_forced_] : -1; }
+
 bool OutputConstraint::done() const { return phase_ == Phase::kJson && json_->complete(); }
 
 }  // namespace ds::server

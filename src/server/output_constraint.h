@@ -28,6 +28,7 @@ class OutputConstraint final : public TokenConstraint {
   bool allows(int32_t token) const override;
   void accept(int32_t token) override;
   bool done() const override;
+  int32_t only() const override;
 
  private:
   enum class Phase { kThinking, kForced, kChoice, kJson, kFree };

@@ -223,6 +223,7 @@ TEST(OutputConstraint, ThinkingIsFreeThenForcedTokensThenAChoiceThenJson) {
   c.accept(close);
   EXPECT_FALSE(c.allows(id_of(*tok, "y")));
   EXPECT_TRUE(c.allows(id_of(*tok, "x")));
+  EXPECT_EQ(c.only(), id_of(*tok, "x"));
   c.accept(id_of(*tok, "x"));
   c.accept(id_of(*tok, "y"));
   EXPECT_TRUE(c.allows(id_of(*tok, "a")));  // one of the choices
