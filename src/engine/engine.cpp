@@ -176,6 +176,10 @@ void Engine::finish(Req* r, FinishReason reason, Status error) {
 }
 
 void Engine::push_token(Req* r, SampleOutput s) {
+  TokenConstraint* constraint = r->g.constraint.get();
+  if (s.token < 0)
+    return finish(r, FinishReason::kError, Status(ErrorCode::kInternal, "the output constraint allows no next token"));
+  if (constraint) constraint->accept(s.token);
   const auto now = Clock::now();
   if (r->n_generated() == 0) {
     r->t_first = now;
@@ -196,7 +200,7 @@ void Engine::push_token(Req* r, SampleOutput s) {
   ev.is_stop = stop_id && r->n_generated() > r->g.min_tokens;
   const bool stop = ev.is_stop;
   r->stream->push(std::move(ev));
-  if (stop) return finish(r, FinishReason::kStop);
+  if (stop || (constraint && constraint->done())) return finish(r, FinishReason::kStop);
   if (r->n_generated() >= r->g.max_tokens || static_cast<int>(r->seq.tokens.size()) >= options_.max_model_len)
     finish(r, FinishReason::kLength);
 }
@@ -263,7 +267,7 @@ void Engine::loop() {
       Req* r = static_cast<Req*>(plan.seqs[i]);
       if (r->seq.n_cached + plan.work[i].n_tokens < static_cast<int>(r->seq.tokens.size())) continue;  // mid-prefill
       std::span<const int32_t> all(r->seq.tokens);
-      jobs[i] = SampleJob{r->sampler.get(), all.first(r->n_prompt), all.subspan(r->n_prompt)};
+      jobs[i] = SampleJob{r->sampler.get(), all.first(r->n_prompt), all.subspan(r->n_prompt), r->g.constraint.get()};
     }
     auto result = runner_.step_and_sample(plan.work, jobs);
     if (!result.ok()) {

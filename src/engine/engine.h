@@ -35,7 +35,10 @@ struct GenerationRequest {
   int min_tokens = 0;                // stop ids are ignored before this many tokens
   std::vector<int32_t> stop_ids;     // extra stop token ids (the model's EOS ids are added unless ignore_eos)
   bool ignore_eos = false;
-  std::optional<std::chrono::steady_clock::time_point> deadline;
+  std::optional<std::chrono::steady_clock::time_point> deadline;  // then it ends with kTimeout
+  // Non-null: every token is sampled on the CPU under this constraint (which the engine thread
+  // then owns), and the request ends with kStop once it reports done().
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 struct TokenEvent {

@@ -105,7 +105,7 @@ Result<StepSamples> Runner::step_and_sample(const std::vector<SeqWork>& work, co
     last_row[i] = row - 1;
     if (!jobs[i].sampler) continue;
     std::optional<SampleRowSpec> spec;
-    if (!force_cpu && ops_.supports_sample()) spec = jobs[i].sampler->device_spec(jobs[i].prompt, jobs[i].generated);
+    if (!force_cpu && !jobs[i].constraint && ops_.supports_sample()) spec = jobs[i].sampler->device_spec(jobs[i].prompt, jobs[i].generated);
     if (!spec) {
       host_items.push_back(i);
       continue;
@@ -124,13 +124,13 @@ Result<StepSamples> Runner::step_and_sample(const std::vector<SeqWork>& work, co
     std::vector<float> host_row(static_cast<size_t>(V));
     const size_t i = host_items[0];
     ops_.download_f32(logits.rows(last_row[i], 1), host_row.data());
-    out.samples[i] = jobs[i].sampler->sample(host_row, jobs[i].prompt, jobs[i].generated);
+    out.samples[i] = jobs[i].sampler->sample(host_row, jobs[i].prompt, jobs[i].generated, jobs[i].constraint);
   } else if (!host_items.empty()) {  // the whole [n_out, V] in one copy
     std::vector<float> all(static_cast<size_t>(logits.numel()));
     ops_.download_f32(logits, all.data());
     for (size_t i : host_items)
       out.samples[i] = jobs[i].sampler->sample(std::span<const float>(all).subspan(last_row[i] * V, V),
-                                               jobs[i].prompt, jobs[i].generated);
+                                               jobs[i].prompt, jobs[i].generated, jobs[i].constraint);
   }
   ops_.synchronize();
   out.model_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

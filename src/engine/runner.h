@@ -35,6 +35,7 @@ struct SeqWork {
 struct SampleJob {
   Sampler* sampler = nullptr;              // null: no draw (the sequence is still in prefill)
   std::span<const int32_t> prompt, generated;  // the request's tokens (penalties)
+  const TokenConstraint* constraint = nullptr;  // output rules: sampled on the host (mask and redraw)
 };
 
 // step_and_sample's answer: one draw per job with a sampler, and the seconds the model

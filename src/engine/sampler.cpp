@@ -27,45 +27,24 @@ double log_sum_exp(std::span<const float> x) {
 
 }  // namespace
 
-SampleOutput Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
-                             std::span<const int32_t> generated) {
-  const int64_t V = static_cast<int64_t>(logits.size());
-  SampleOutput out;
-  work_.assign(logits.begin(), logits.end());
-  float* w = work_.data();
-
-  for (const auto& [id, bias] : params_.logit_bias)
-    if (id >= 0 && id < V) w[id] += bias;
-  if (params_.repetition_penalty != 1.0f) {
-    std::vector<bool> seen(V, false);
-    auto mark = [&](int32_t t) {
-      if (t >= 0 && t < V) seen[t] = true;
-    };
-    for (int32_t t : prompt) mark(t);
-    for (int32_t t : generated) mark(t);
-    for (int64_t i = 0; i < V; ++i)
-      if (seen[i]) w[i] = w[i] > 0 ? w[i] / params_.repetition_penalty : w[i] * params_.repetition_penalty;
-  }
-  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int> counts;
-    for (int32_t t : generated) ++counts[t];
-    for (const auto& [t, c] : counts)
-      if (t >= 0 && t < V) w[t] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(c);
-  }
-
+int32_t Sampler::pick(const float* w, int64_t V) {
+  const float kMasked = -std::numeric_limits<float>::infinity();
   const bool greedy = params_.temperature <= 0.0f || params_.top_k == 1;
   if (greedy) {
     int64_t best = 0;
     for (int64_t i = 1; i < V; ++i)
       if (w[i] > w[best]) best = i;  // first index on ties, as torch.argmax
-    out.token = static_cast<int32_t>(best);
+    return w[best] == kMasked ? -1 : static_cast<int32_t>(best);
   } else {
     const float inv_t = 1.0f / params_.temperature;
-    candidates_.resize(V);
-    for (int64_t i = 0; i < V; ++i) candidates_[i] = static_cast<int32_t>(i);
+    candidates_.clear();
+    for (int64_t i = 0; i < V; ++i)
+      if (w[i] != kMasked) candidates_.push_back(static_cast<int32_t>(i));
+    if (candidates_.empty()) return -1;
+    const int64_t n_live = static_cast<int64_t>(candidates_.size());
     auto by_logit = [&](int32_t a, int32_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); };
     size_t n = candidates_.size();
-    if (params_.top_k > 0 && static_cast<int64_t>(params_.top_k) < V) {
+    if (params_.top_k > 0 && static_cast<int64_t>(params_.top_k) < n_live) {
       n = static_cast<size_t>(params_.top_k);
       std::nth_element(candidates_.begin(), candidates_.begin() + (n - 1), candidates_.end(), by_logit);
       candidates_.resize(n);
@@ -106,7 +85,57 @@ SampleOutput Sampler::sample(std::span<const float> logits, std::span<const int3
         break;
       }
     }
-    out.token = candidates_[pick];
+    return candidates_[pick];
+  }
+}
+
+SampleOutput Sampler::sample(std::span<const float> logits, std::span<const int32_t> prompt,
+                             std::span<const int32_t> generated, const TokenConstraint* constraint) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  SampleOutput out;
+  work_.assign(logits.begin(), logits.end());
+  float* w = work_.data();
+
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id >= 0 && id < V) w[id] += bias;
+  if (params_.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(V, false);
+    auto mark = [&](int32_t t) {
+      if (t >= 0 && t < V) seen[t] = true;
+    };
+    for (int32_t t : prompt) mark(t);
+    for (int32_t t : generated) mark(t);
+    for (int64_t i = 0; i < V; ++i)
+      if (seen[i]) w[i] = w[i] > 0 ? w[i] / params_.repetition_penalty : w[i] * params_.repetition_penalty;
+  }
+  if (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> counts;
+    for (int32_t t : generated) ++counts[t];
+    for (const auto& [t, c] : counts)
+      if (t >= 0 && t < V) w[t] -= params_.presence_penalty + params_.frequency_penalty * static_cast<float>(c);
+  }
+
+  if (!constraint) {
+    out.token = pick(w, V);
+  } else if (constraint->only() >= 0) {
+    out.token = constraint->only();
+  } else {
+    // Lazy masking: most draws are allowed, so test the drawn token and redraw with it masked;
+    // after a few refusals mask the whole vocabulary once (exact, but costs V checks).
+    constexpr int kLazyDraws = 8;
+    const float kMasked = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < kLazyDraws && out.token < 0; ++i) {
+      const int32_t t = pick(w, V);
+      if (t < 0) break;
+      if (constraint->allows(t)) out.token = t;
+      else w[t] = kMasked;
+    }
+    if (out.token < 0) {
+      for (int64_t i = 0; i < V; ++i)
+        if (w[i] != kMasked && !constraint->allows(static_cast<int32_t>(i))) w[i] = kMasked;
+      out.token = pick(w, V);
+    }
+    if (out.token < 0) return out;
   }
 
   if (params_.n_logprobs >= 0) {

@@ -1,7 +1,8 @@
 // Sampler: picks the next token of one request from its fp32 logits on the CPU: penalties,
-// logit bias, temperature, top-k, top-p, min-p, a per-request seeded generator, logprobs.
-// Knows nothing of HTTP or JSON. The device sampler (Ops::sample) follows the same semantics;
-// device_spec() turns a request's state into its per-row spec.
+// logit bias, temperature, top-k, top-p, min-p, a per-request seeded generator, logprobs, and
+// an optional TokenConstraint (mask-and-redraw). Knows nothing of HTTP or JSON. The device
+// sampler (Ops::sample) follows the same semantics for unconstrained requests; device_spec()
+// turns a request's state into its per-row spec.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "ops/sampling.h"
+#include "engine/token_constraint.h"
 
 namespace ds {
 
@@ -48,8 +50,10 @@ class Sampler {
   Sampler(const SamplingParams& params, uint64_t fallback_seed);
 
   // logits: f32 [vocab]. prompt/generated: the request's tokens so far (for penalties).
+  // constraint: when given, the token is one it allows, drawn from the processed distribution
+  // with the refused tokens masked; token -1 when it allows none.
   SampleOutput sample(std::span<const float> logits, std::span<const int32_t> prompt,
-                      std::span<const int32_t> generated);
+                      std::span<const int32_t> generated, const TokenConstraint* constraint = nullptr);
 
   // The spec of this request's next draw on a device sampler (logit bias and penalties become
   // per-token edits), or nullopt when the device cannot do it (more than kMaxTopLogprobs
@@ -63,6 +67,7 @@ class Sampler {
 
  private:
   double uniform();  // [0, 1) from 53 random bits (std distributions differ between libraries)
+  int32_t pick(const float* w, int64_t V);  // greedy or one draw from processed logits w; -1 if all are -inf
 
   SamplingParams params_;
   uint64_t seed_;

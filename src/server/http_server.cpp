@@ -18,6 +18,7 @@
 #include "core/log.h"
 #include "server/openai_api.h"
 #include "server/output_text.h"
+#include "server/tool_calls.h"
 
 namespace ds::server {
 
@@ -57,12 +58,16 @@ struct Session {
   int n_completion = 0;
   bool finished = false;
   std::string finish_reason;
+  bool timed_out = false;             // the deadline passed: finish_reason "length", stop_reason "timeout"
   std::optional<ApiError> error;
-  std::vector<ToolCall> tool_calls;
+  std::optional<ToolCallStream> tools;  // chat with tools
+  std::string prefix;                   // forced output already in the prompt, not yet parsed
 
   Session(ParsedRequest r, std::shared_ptr<RequestStream> s, const tok::Tokenizer& tok)
       : req(std::move(r)), stream(std::move(s)), text(tok, req.stop_strings) {
     if (req.chat) split.emplace(req.starts_in_reasoning, req.tools_enabled);
+    if (req.tools_enabled) tools.emplace(req.tools);
+    prefix = req.output_prefix;
     id = random_id(req.chat ? "chatcmpl-" : "cmpl-");
     created = unix_now();
   }
@@ -70,8 +75,21 @@ struct Session {
 
 struct Pumped {
   std::string reasoning, content;
+  std::vector<ToolCallDelta> tool_deltas;
   std::vector<TokenEvent> events;  // for logprobs
 };
+
+// At the end of a chat with tools: "tool_calls" when the model made calls and stopped by
+// itself (a call cut by max_tokens or the deadline keeps "length"); an error when tool_choice
+// forced a call and the model's output is not one.
+void tool_call_outcome(Session& s) {
+  if (!s.tools->calls().empty()) {
+    if (s.finish_reason == "stop") s.finish_reason = "tool_calls";
+  } else if (s.req.tool_required && s.finish_reason == "stop") {
+    s.error = ApiError{500, "tool_choice asked for a tool call, but the model's output is not a well-formed tool call",
+                       "server_error", "tool_choice", "invalid_tool_call"};
+  }
+}
 
 // Waits up to `timeout` for engine output and turns it into client text.
 bool pump(Session& s, Pumped& out, std::chrono::milliseconds timeout) {
@@ -96,8 +114,9 @@ bool pump(Session& s, Pumped& out, std::chrono::milliseconds timeout) {
     switch (d.finish) {
       case FinishReason::kStop: s.finish_reason = "stop"; break;
       case FinishReason::kLength: s.finish_reason = "length"; break;
-      case FinishReason::kTimeout:
-        s.error = ApiError{504, "the request took longer than the server's request timeout", "timeout_error", "", "timeout"};
+      case FinishReason::kTimeout:  // the output so far, cut short like max_tokens does
+        s.finish_reason = "length";
+        s.timed_out = true;
         break;
       case FinishReason::kCancelled:
         s.error = ApiError{499, "the request was cancelled", "cancelled", "", ""};
@@ -108,19 +127,23 @@ bool pump(Session& s, Pumped& out, std::chrono::milliseconds timeout) {
     }
   }
   if (s.split) {
-    ChatSplitter::Piece p = s.split->push(raw);
-    out.reasoning += p.reasoning;
-    out.content += p.content;
-    if (s.finished) {
-      ChatSplitter::Piece f = s.split->finish();
-      out.reasoning += f.reasoning;
-      out.content += f.content;
-      if (!s.split->tool_text().empty()) {
-        if (parse_tool_calls(s.split->tool_text(), s.req.tools, s.tool_calls))
-          s.finish_reason = "tool_calls";
-        else
-          out.content += s.split->tool_text();  // not a well-formed call: plain text
+    auto take = [&](const ChatSplitter::Piece& p) {
+      out.reasoning += p.reasoning;
+      out.content += p.content;
+      if (!p.tools.empty()) {
+        for (auto& d : s.tools->push(p.tools)) out.tool_deltas.push_back(std::move(d));
       }
+    };
+    take(s.split->push(std::exchange(s.prefix, "") + raw));
+    if (s.finished) {
+      take(s.split->finish());
+      if (s.tools) {
+        for (auto& d : s.tools->finish()) out.tool_deltas.push_back(std::move(d));
+      }
+    }
+    if (s.tools) {
+      out.content += s.tools->take_leftover();  // not a well-formed call: plain text
+      if (s.finished && !s.error) tool_call_outcome(s);
     }
   } else {
     out.content += raw;
@@ -168,11 +191,23 @@ json completion_logprobs(const tok::Tokenizer& tok, const std::vector<TokenEvent
   return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
 }
 
-json tool_calls_json(const std::vector<ToolCall>& calls, bool stream) {
+json tool_calls_json(const std::vector<ToolCall>& calls) {
   json a = json::array();
-  for (size_t i = 0; i < calls.size(); ++i) {
-    json c = {{"id", calls[i].id}, {"type", "function"}, {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-    if (stream) c["index"] = i;
+  for (const auto& c : calls)
+    a.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  return a;
+}
+
+// Streamed: a call's first delta carries its id, type and name; later ones only arguments.
+json tool_deltas_json(const std::vector<ToolCallDelta>& deltas) {
+  json a = json::array();
+  for (const auto& d : deltas) {
+    json c = {{"index", d.index}, {"function", {{"arguments", d.arguments}}}};
+    if (!d.id.empty()) {
+      c["id"] = d.id;
+      c["type"] = "function";
+      c["function"]["name"] = d.name;
+    }
     a.push_back(c);
   }
   return a;
@@ -276,7 +311,8 @@ struct HttpServer::Impl {
     auto parsed = chat ? parse_chat_request(req.body, m) : parse_completion_request(req.body, m);
     if (auto* e = std::get_if<ApiError>(&parsed)) return send_error(res, *e);
     ParsedRequest r = std::move(std::get<ParsedRequest>(parsed));
-    r.gen.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(o.request_timeout_s * 1000));
+    const double timeout_s = std::min(o.request_timeout_s, r.timeout_s.value_or(o.request_timeout_s));  // the server's is the cap
+    r.gen.deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     auto st = m.engine->submit(r.gen);
     if (!st.ok()) {
       const Status& s = st.status();
@@ -313,11 +349,12 @@ struct HttpServer::Impl {
     }
     if (s.error) return send_error(res, *s.error);
     json choice = {{"index", 0}, {"finish_reason", s.finish_reason}};
+    if (s.timed_out) choice["stop_reason"] = "timeout";
     json out = {{"id", s.id}, {"created", s.created}, {"model", m.name}};
     if (s.req.chat) {
       json msg = {{"role", "assistant"}, {"content", content}};
-      if (!s.tool_calls.empty()) {
-        msg["tool_calls"] = tool_calls_json(s.tool_calls, false);
+      if (s.tools && !s.tools->calls().empty()) {
+        msg["tool_calls"] = tool_calls_json(s.tools->calls());
         if (content.empty()) msg["content"] = nullptr;
       }
       msg["reasoning_content"] = reasoning.empty() ? json(nullptr) : json(reasoning);
@@ -374,12 +411,13 @@ struct HttpServer::Impl {
             sink.done();
             return true;
           }
-          if (!p.reasoning.empty() || !p.content.empty() || !p.events.empty()) {
+          if (!p.reasoning.empty() || !p.content.empty() || !p.events.empty() || !p.tool_deltas.empty()) {
             json choice = {{"index", 0}, {"finish_reason", nullptr}};
             if (s->req.chat) {
               json delta = json::object();
               if (!p.reasoning.empty()) delta["reasoning_content"] = p.reasoning;
               if (!p.content.empty()) delta["content"] = p.content;
+              if (!p.tool_deltas.empty()) delta["tool_calls"] = tool_deltas_json(p.tool_deltas);
               choice["delta"] = delta;
               choice["logprobs"] = s->req.logprobs ? chat_logprobs(*m.tokenizer, p.events) : json(nullptr);
             } else {
@@ -394,9 +432,9 @@ struct HttpServer::Impl {
           }
           if (s->finished) {
             json choice = {{"index", 0}, {"finish_reason", s->finish_reason}, {"logprobs", nullptr}};
+            if (s->timed_out) choice["stop_reason"] = "timeout";
             if (s->req.chat) {
               choice["delta"] = json::object();
-              if (!s->tool_calls.empty()) choice["delta"]["tool_calls"] = tool_calls_json(s->tool_calls, true);
             } else {
               choice["text"] = "";
             }

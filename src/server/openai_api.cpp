@@ -1,7 +1,9 @@
 // Request validation for /v1/chat/completions and /v1/completions: types, ranges, the chat
-// template, tokenization and the context limit, each failure a clear 4xx.
+// template, tokenization and the context limit, each failure a clear 4xx; tool_choice and
+// response_format become a forced tool-call opening and an OutputConstraint for the engine.
 #include "server/openai_api.h"
 
+#include "server/output_constraint.h"
 #include <algorithm>
 #include <chrono>
 #include <variant>
@@ -54,6 +56,43 @@ struct Fields {
   }
 };
 
+// response_format: "text" (nothing to do), "json_object" (any JSON object), "json_schema" (a JSON
+// value of the schema's top-level type; see docs/api.md for what is enforced).
+std::optional<ApiError> parse_response_format(const json& rf, ParsedRequest& r) {
+  const char* kParam = "response_format";
+  if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+    return bad(kParam, "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}");
+  const std::string type = rf["type"].get<std::string>();
+  JsonAutomaton::Options o;
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") {
+    o.top_level = '{';
+  } else if (type == "json_schema") {
+    if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+      return bad(kParam, "'response_format.json_schema' must be an object with a 'schema'");
+    const json& js = rf["json_schema"];
+    const json schema = js.contains("schema") ? js["schema"] : json::object();
+    if (!schema.is_object()) return bad(kParam, "'response_format.json_schema.schema' must be an object");
+    for (auto it = schema.begin(); it != schema.end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "title" || k == "description" || k == "$schema" || k == "type") continue;
+      return bad(kParam, "response_format json_schema: the keyword '" + k +
+                             "' is not enforced by this server (only a top-level 'type' of \"object\" or \"array\" is); "
+                             "use {\"type\": \"json_object\"} or drop the keyword");
+    }
+    if (schema.contains("type")) {
+      const json& t = schema["type"];
+      if (t == "object") o.top_level = '{';
+      else if (t == "array") o.top_level = '[';
+      else return bad(kParam, "response_format json_schema: only a top-level 'type' of \"object\" or \"array\" is supported, got " + t.dump());
+    }
+  } else {
+    return bad(kParam, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"" + type + "\"");
+  }
+  r.json_output.emplace(o);
+  return std::nullopt;
+}
+
 std::optional<ApiError> parse_common(const json& j, const ServedModel& m, ParsedRequest& r) {
   if (!j.contains("model") || !j["model"].is_string()) return bad("model", "'model' must be a string naming the served model");
   if (j["model"].get<std::string>() != m.name)
@@ -63,10 +102,10 @@ std::optional<ApiError> parse_common(const json& j, const ServedModel& m, Parsed
   if (auto n = f.num<int>("n", 1, 1e9); n && *n != 1) return bad("n", "'n' must be 1: several choices per request are not supported yet");
   if (f.err) return f.err;
   if (f.present("response_format")) {
-    const json& rf = j["response_format"];
-    if (!rf.is_object() || rf.value("type", "") != "text")
-      return bad("response_format", "only response_format {\"type\": \"text\"} is supported (no structured output yet)");
+    auto e = parse_response_format(j["response_format"], r);
+    if (e) return e;
   }
+  r.timeout_s = f.num<double>("timeout", 1e-3, 1e9);
   SamplingParams& s = r.gen.sampling;
   s.temperature = f.num<float>("temperature", 0, 2).value_or(m.defaults.temperature.value_or(1.0f));
   s.top_p = f.num<float>("top_p", 1e-9, 1).value_or(m.defaults.top_p.value_or(1.0f));
@@ -248,19 +287,38 @@ std::variant<ParsedRequest, ApiError> parse_chat_request(const std::string& body
         return bad("tools", "each tool must be {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": ...}}");
     if (!oj["tools"].empty()) cr.tools = oj["tools"];
   }
-  std::string tool_choice = "auto";
+  // tool_choice: "none" hides the tools from the template; "required" and a named function
+  // force the output to open a tool call (and name the function), see below.
+  std::string tool_choice = "auto", forced_name;
   if (j.contains("tool_choice") && !j["tool_choice"].is_null()) {
-    if (j["tool_choice"].is_string()) {
-      tool_choice = j["tool_choice"].get<std::string>();
-      if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required")
-        return bad("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a named function");
-    } else if (!j["tool_choice"].is_object()) {
-      return bad("tool_choice", "'tool_choice' must be 'auto', 'none', 'required' or a named function");
+    const json& tc = j["tool_choice"];
+    const std::string shape = "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}";
+    if (tc.is_string()) {
+      tool_choice = tc.get<std::string>();
+      if (tool_choice != "auto" && tool_choice != "none" && tool_choice != "required") return bad("tool_choice", shape);
+    } else if (tc.is_object() && tc.value("type", "") == "function" && tc.contains("function") && tc["function"].is_object() &&
+               tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+      tool_choice = "function";
+      forced_name = tc["function"]["name"].get<std::string>();
+    } else {
+      return bad("tool_choice", shape);
     }
-    if (tool_choice == "required" || j["tool_choice"].is_object())  // would need constrained decoding
-      return bad("tool_choice", "'tool_choice' 'required' or a named function is not supported yet; use 'auto' or 'none'");
+    if ((tool_choice == "required" || tool_choice == "function") && cr.tools.is_null())
+      return bad("tool_choice", "'tool_choice' \"" + tool_choice + "\" needs a non-empty 'tools' array");
+    if (tool_choice == "function") {
+      bool known = false;
+      for (const auto& t : cr.tools) known = known || t["function"]["name"] == forced_name;
+      if (!known) return bad("tool_choice", "'tool_choice' names the function '" + forced_name + "', which is not in 'tools'");
+    }
+    for (const auto& t : cr.tools) {  // the names a forced call may write
+      const std::string name = t["function"]["name"].get<std::string>();
+      const bool forced = tool_choice == "required" || (tool_choice == "function" && name == forced_name);
+      if (forced && (name.empty() || name.find_first_of("<>\n") != std::string::npos))
+        return bad("tools", "the function name '" + name + "' cannot be forced by tool_choice (empty, or it contains '<', '>' or a newline)");
+    }
   }
   if (tool_choice == "none") cr.tools = nullptr;
+  r.tool_required = tool_choice == "required" || tool_choice == "function";
   r.tools_enabled = !cr.tools.is_null();
   r.tools = r.tools_enabled ? json::parse(cr.tools.dump()) : json();
   if (oj.contains("chat_template_kwargs") && !oj["chat_template_kwargs"].is_null()) {
@@ -279,6 +337,26 @@ std::variant<ParsedRequest, ApiError> parse_chat_request(const std::string& body
   const std::string open = "<think>", close = "</think>";
   size_t o = p.rfind(open);
   r.starts_in_reasoning = o != std::string::npos && p.find(close, o) == std::string::npos;
+  // A forced tool call opens with the template's own syntax. Without reasoning it is appended
+  // to the prompt (prefilled, and re-added to the output text before parsing); with reasoning
+  // open it must follow the model's thinking, so the engine forces it token by token right
+  // after "</think>" (with the "\n\n" the template puts there).
+  // "required" forces "<function=" and then one of the tools' names.
+  std::vector<int32_t> forced;
+  std::vector<std::string> names;
+  if (tool_choice == "required")
+    for (const auto& t : cr.tools) names.push_back(t["function"]["name"].get<std::string>() + ">\n");
+  if (r.tool_required) {
+    const std::string opening = "<tool_call>\n<function=" + (forced_name.empty() ? "" : forced_name + ">\n");
+    auto ids = m.tokenizer->encode(r.starts_in_reasoning ? "\n\n" + opening : opening, /*add_special_tokens=*/false);
+    if (!ids.ok()) return bad("tool_choice", ids.status().message());
+    if (r.starts_in_reasoning) {
+      forced = std::move(ids.value());
+    } else {
+      r.gen.prompt.insert(r.gen.prompt.end(), ids.value().begin(), ids.value().end());
+      r.output_prefix = opening;
+    }
+  }
 
   Fields f{j, std::nullopt};
   r.logprobs = f.boolean("logprobs").value_or(false);
@@ -287,6 +365,10 @@ std::variant<ParsedRequest, ApiError> parse_chat_request(const std::string& body
   if (r.top_logprobs > 0 && !r.logprobs) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   r.gen.sampling.n_logprobs = r.logprobs ? r.top_logprobs : -1;
   if (auto e = parse_common(j, m, r)) return *e;
+  if (r.tool_required && r.json_output)
+    return bad("response_format", "'response_format' JSON cannot be combined with a forced tool call ('tool_choice')");
+  if (r.json_output || !forced.empty() || !names.empty())
+    r.gen.constraint = std::make_shared<OutputConstraint>(m.tokenizer, r.starts_in_reasoning, std::move(forced), std::move(names), r.json_output);
   return r;
 }
 
@@ -323,6 +405,8 @@ std::variant<ParsedRequest, ApiError> parse_completion_request(const std::string
   if (f.err) return *f.err;
   r.gen.sampling.n_logprobs = r.logprobs ? r.top_logprobs : -1;
   if (auto e = parse_common(j, m, r)) return *e;
+  if (r.json_output)
+    r.gen.constraint = std::make_shared<OutputConstraint>(m.tokenizer, false, std::vector<int32_t>{}, std::vector<std::string>{}, r.json_output);
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/json_automaton.h"
 #include "server/served_model.h"
 
 namespace ds::server {
@@ -32,7 +33,11 @@ struct ParsedRequest {
   int top_logprobs = 0;
   bool tools_enabled = false;        // chat: tools given and tool_choice != "none"
   nlohmann::json tools;              // chat: the request's tools (null if none)
+  bool tool_required = false;        // chat: tool_choice "required" or a named function
   bool starts_in_reasoning = false;  // chat: the rendered prompt ends inside <think>
+  std::string output_prefix;         // chat: forced output already appended to the prompt (a tool-call opening)
+  std::optional<JsonAutomaton> json_output;  // response_format json_object / json_schema
+  std::optional<double> timeout_s;   // the request's "timeout" in seconds (the server caps it)
 };
 
 // Both return the parsed request or the error to send. `body` is the raw request body.

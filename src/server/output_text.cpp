@@ -1,12 +1,9 @@
-// Stop strings, reasoning split and Qwen tool-call parsing.
+// Stop strings and the reasoning / content / tool-tail split.
 #include "server/output_text.h"
 
 #include <algorithm>
-#include <random>
 
 namespace ds::server {
-
-using json = nlohmann::json;
 
 namespace {
 
@@ -15,19 +12,6 @@ size_t partial_suffix(const std::string& s, const std::string& tag) {
   for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
     if (s.compare(s.size() - n, n, tag, 0, n) == 0) return n;
   return 0;
-}
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-std::string call_id() {
-  static thread_local std::mt19937_64 g(std::random_device{}());
-  static const char* hex = "0123456789abcdef";
-  std::string id = "call_";
-  for (int i = 0; i < 24; ++i) id += hex[g() % 16];
-  return id;
 }
 
 }  // namespace
@@ -69,102 +53,6 @@ std::string StopTextStream::finish() {
   if (stopped_) return "";
   pending_ += dec_.finish();
   return release(true);
-}
-
-//
-// tool calls
-//
-namespace {
-
-const json* find_tool_params(const json& tools, const std::string& name) {
-  if (!tools.is_array()) return nullptr;
-  for (const auto& t : tools) {
-    const json& fn = t.contains("function") ? t["function"] : t;
-    if (fn.is_object() && fn.value("name", "") == name && fn.contains("parameters")) return &fn["parameters"];
-  }
-  return nullptr;
-}
-
-bool parse_one(const std::string& body, const json& tools, ToolCall& call) {
-  std::string b = trim(body);
-  if (!b.empty() && b[0] == '{') {  // {"name": ..., "arguments": {...}}
-    json j = json::parse(b, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
-    call.name = j["name"].get<std::string>();
-    json args = j.contains("arguments") ? j["arguments"] : (j.contains("parameters") ? j["parameters"] : json::object());
-    if (args.is_string()) {
-      json parsed = json::parse(args.get<std::string>(), nullptr, false);
-      if (!parsed.is_discarded()) args = parsed;
-    }
-    call.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
-    return true;
-  }
-  // <function=NAME>\n<parameter=K>\nV\n</parameter>\n</function>
-  const std::string fopen = "<function=";
-  size_t f = b.find(fopen);
-  if (f == std::string::npos) return false;
-  size_t fe = b.find('>', f);
-  if (fe == std::string::npos) return false;
-  call.name = trim(b.substr(f + fopen.size(), fe - f - fopen.size()));
-  if (call.name.empty()) return false;
-  const json* params = find_tool_params(tools, call.name);
-  json args = json::object();
-  size_t pos = fe + 1;
-  const std::string popen = "<parameter=", pclose = "</parameter>";
-  for (;;) {
-    size_t p = b.find(popen, pos);
-    if (p == std::string::npos) break;
-    size_t pe = b.find('>', p);
-    if (pe == std::string::npos) return false;
-    std::string key = trim(b.substr(p + popen.size(), pe - p - popen.size()));
-    size_t close = b.find(pclose, pe);
-    size_t next = b.find(popen, pe);
-    size_t end = close;
-    if (end == std::string::npos || (next != std::string::npos && next < end)) end = next;
-    if (end == std::string::npos) end = b.find("</function>", pe);
-    if (end == std::string::npos) end = b.size();
-    std::string value = b.substr(pe + 1, end - pe - 1);
-    if (!value.empty() && value.front() == '\n') value.erase(0, 1);
-    if (!value.empty() && value.back() == '\n') value.pop_back();
-    std::string type;
-    if (params && params->is_object() && params->contains("properties") && (*params)["properties"].contains(key) &&
-        (*params)["properties"][key].is_object())
-      type = (*params)["properties"][key].value("type", "");
-    json v = value;
-    if (type != "string") {
-      json parsed = json::parse(value, nullptr, false);
-      if (!parsed.is_discarded()) v = parsed;
-    }
-    args[key] = v;
-    pos = end == close && close != std::string::npos ? close + pclose.size() : end;
-  }
-  call.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
-  return true;
-}
-
-}  // namespace
-
-bool parse_tool_calls(const std::string& text, const json& tools, std::vector<ToolCall>& calls) {
-  const std::string open = "<tool_call>", close = "</tool_call>";
-  std::vector<ToolCall> out;
-  size_t pos = text.find(open);
-  if (pos == std::string::npos) return false;
-  while (pos != std::string::npos) {
-    size_t start = pos + open.size();
-    size_t end = text.find(close, start);
-    std::string body = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    ToolCall c;
-    if (!parse_one(body, tools, c)) return false;
-    c.id = call_id();
-    out.push_back(std::move(c));
-    if (end == std::string::npos) break;
-    pos = text.find(open, end + close.size());
-    // only whitespace may sit between calls
-    if (trim(text.substr(end + close.size(), pos == std::string::npos ? std::string::npos : pos - end - close.size())) != "")
-      return false;
-  }
-  calls = std::move(out);
-  return true;
 }
 
 //
@@ -225,7 +113,7 @@ ChatSplitter::Piece ChatSplitter::drain(bool final) {
       size_t t = tools_enabled_ ? buf_.find(kToolOpen) : std::string::npos;
       if (t != std::string::npos) {
         emit_content(buf_.substr(0, t));
-        tool_text_ = buf_.substr(t);
+        out.tools = buf_.substr(t);
         buf_.clear();
         mode_ = Mode::kTools;
         return out;
@@ -235,7 +123,7 @@ ChatSplitter::Piece ChatSplitter::drain(bool final) {
       buf_.erase(0, buf_.size() - hold);
       return out;
     }
-    tool_text_ += buf_;  // kTools
+    out.tools += buf_;  // kTools
     buf_.clear();
     return out;
   }

@@ -1,12 +1,11 @@
 // Text of a generation as the client sees it: incremental detokenization, stop strings (never
 // emitted, found across token boundaries by holding back a possible prefix), and for chat the
-// split into reasoning (<think>…</think>), content and Qwen tool calls (<tool_call> blocks in
-// JSON or in the XML <function=NAME><parameter=K>V</parameter> form). No HTTP here.
+// split into reasoning (<think>…</think>), content and the tool-call tail (from the first
+// <tool_call> on; tool_calls.h parses it). No HTTP here.
 #pragma once
 
 #include <cstdint>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -32,17 +31,6 @@ class StopTextStream {
   bool stopped_ = false;
 };
 
-struct ToolCall {
-  std::string id;         // "call_<hex>"
-  std::string name;
-  std::string arguments;  // a JSON object, serialized
-};
-
-// Parses the text from the first <tool_call> on. False (and `calls` untouched) when any block
-// is malformed: the caller then keeps the text as content. `tools`: the request's tools array
-// (its parameter types decide whether an XML value is a string or JSON).
-bool parse_tool_calls(const std::string& text, const nlohmann::json& tools, std::vector<ToolCall>& calls);
-
 // Splits chat output into reasoning, content and a tool-call tail as text arrives.
 class ChatSplitter {
  public:
@@ -52,10 +40,10 @@ class ChatSplitter {
   struct Piece {
     std::string reasoning;
     std::string content;
+    std::string tools;  // more of the tool tail, which starts at "<tool_call>"
   };
   Piece push(const std::string& text);
   Piece finish();  // flushes held-back text
-  const std::string& tool_text() const { return tool_text_; }  // from "<tool_call>" on, never streamed
 
  private:
   Piece drain(bool final);
@@ -63,7 +51,6 @@ class ChatSplitter {
   bool tools_enabled_;
   bool content_started_ = false;
   std::string buf_;
-  std::string tool_text_;
 };
 
 }  // namespace ds::server

@@ -150,6 +150,102 @@ test('tool-call round trip: tools in the prompt, assistant tool_calls and tool r
   assert.equal(none.usage.prompt_tokens, plain.usage.prompt_tokens);
 });
 
+const weatherTools = [
+  { type: 'function', function: { name: 'get_weather', description: 'Weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } },
+  { type: 'function', function: { name: 'get_time', parameters: { type: 'object', properties: {} } } },
+];
+const noThinking = { chat_template_kwargs: { enable_thinking: false } };
+// Ids in the test model's vocabulary (make_test_model.mjs: 256 bytes, merges, then the specials).
+const THINK_CLOSE_ID = 347;  // "</think>"
+const BYTE = (c) => c.charCodeAt(0);
+
+function expectCall(choice, names) {
+  const calls = choice.message.tool_calls;
+  assert.ok(calls?.length >= 1, `a tool call, got ${JSON.stringify(choice.message)}`);
+  assert.ok(names.includes(calls[0].function.name), calls[0].function.name);
+  assert.equal(typeof JSON.parse(calls[0].function.arguments), 'object');
+  assert.match(calls[0].id, /^call_/);
+  assert.ok(['tool_calls', 'length'].includes(choice.finish_reason));
+  return calls[0];
+}
+
+test('tool_choice required and named: the output is a call, and the call round-trips', async () => {
+  const messages = user('What is the weather in Paris?');
+  const base = { ...greedy, messages, tools: weatherTools, max_tokens: 24, ...noThinking };
+  expectCall((await client.chat.completions.create({ ...base, tool_choice: 'required' })).choices[0], ['get_weather', 'get_time']);
+  const named = await client.chat.completions.create({ ...base, tool_choice: { type: 'function', function: { name: 'get_weather' } } });
+  const call = expectCall(named.choices[0], ['get_weather']);
+  const followup = [...messages, { role: 'assistant', content: null, tool_calls: [call] },
+    { role: 'tool', tool_call_id: call.id, content: '{"temp_c": 21}' }];
+  const next = await client.chat.completions.create({ ...greedy, messages: followup, tools: weatherTools, max_tokens: 4 });
+  assert.equal(next.choices[0].message.role, 'assistant');
+  // with thinking on, the call is forced only after the model's own </think> (biased here so
+  // this random-weight model closes its thinking at once)
+  const thinking = await client.chat.completions.create({ ...greedy, messages, tools: weatherTools, max_tokens: 32,
+    tool_choice: { type: 'function', function: { name: 'get_time' } }, logit_bias: { [THINK_CLOSE_ID]: 100 } });
+  expectCall(thinking.choices[0], ['get_time']);
+});
+
+test('response_format json_object / json_schema: constrained output parses', async () => {
+  // the bias pulls towards a closing bracket; the constraint keeps it from coming too early
+  const obj = await client.chat.completions.create({ ...greedy, ...noThinking, messages: user('Reply in JSON'), max_tokens: 64,
+    response_format: { type: 'json_object' }, logit_bias: { [BYTE('}')]: 30, [BYTE('"')]: 20 } });
+  assert.equal(obj.choices[0].finish_reason, 'stop');
+  const v = JSON.parse(obj.choices[0].message.content);
+  assert.ok(v && typeof v === 'object' && !Array.isArray(v), obj.choices[0].message.content);
+  const arr = await client.chat.completions.create({ ...greedy, ...noThinking, messages: user('A list'), max_tokens: 64,
+    response_format: { type: 'json_schema', json_schema: { name: 'list', schema: { type: 'array' } } }, logit_bias: { [BYTE(']')]: 30 } });
+  assert.ok(Array.isArray(JSON.parse(arr.choices[0].message.content)));
+  // sampled, unbiased: whatever comes is a JSON object or, cut by max_tokens, its beginning
+  const sampled = await client.chat.completions.create({ model: MODEL, temperature: 1, seed: 7, ...noThinking, messages: user('JSON'),
+    max_tokens: 48, response_format: { type: 'json_object' } });
+  const text = sampled.choices[0].message.content;
+  assert.match(text, /^\s*\{/);
+  if (sampled.choices[0].finish_reason === 'stop') JSON.parse(text);
+  // completions take it too
+  const c = await client.completions.create({ ...greedy, prompt: 'data:', max_tokens: 40, response_format: { type: 'json_object' },
+    logit_bias: { [BYTE('}')]: 30 } });
+  assert.equal(typeof JSON.parse(c.choices[0].text), 'object');
+});
+
+test('streamed tool calls accumulate into the non-streamed ones', async () => {
+  for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+    const req = { ...greedy, ...noThinking, messages: user('Weather in Oslo?'), tools: weatherTools, tool_choice, max_tokens: 24 };
+    const whole = await client.chat.completions.create(req);
+    const stream = client.beta.chat.completions.stream(req);
+    let first = null;
+    for await (const chunk of stream) {
+      const tc = chunk.choices[0]?.delta?.tool_calls;
+      if (tc && !first) first = tc[0];
+    }
+    const streamed = await stream.finalChatCompletion();
+    assert.ok(first.id && first.function.name && first.type === 'function', 'the first delta names the call');
+    const strip = (calls) => calls.map((c) => ({ type: c.type, name: c.function.name, arguments: c.function.arguments }));
+    assert.deepEqual(strip(streamed.choices[0].message.tool_calls), strip(whole.choices[0].message.tool_calls));
+    assert.equal(streamed.choices[0].finish_reason, whole.choices[0].finish_reason);
+    assert.equal(streamed.choices[0].message.content ?? '', whole.choices[0].message.content ?? '');
+  }
+});
+
+test('per-request timeout: the output so far, finish_reason length, stop_reason timeout', async () => {
+  const req = { ...greedy, prompt: [1, 2, 3], max_tokens: 1000, ignore_eos: true, timeout: 0.1 };
+  const t0 = Date.now();
+  const r = await client.completions.create(req);
+  assert.ok(Date.now() - t0 < 5000, 'ended near its deadline');
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.choices[0].stop_reason, 'timeout');
+  assert.ok(r.usage.completion_tokens < 1000);
+  let last = null;
+  for await (const chunk of await client.completions.create({ ...req, stream: true })) last = chunk;
+  assert.equal(last.choices[0].finish_reason, 'length');
+  assert.equal(last.choices[0].stop_reason, 'timeout');
+  // a longer timeout than the server's is capped, not refused; a short request is unaffected
+  const quick = await client.completions.create({ ...req, max_tokens: 3, timeout: 1e6 });
+  assert.equal(quick.choices[0].finish_reason, 'length');
+  assert.equal(quick.choices[0].stop_reason, undefined);
+});
+
 test('bad input: clear 4xx with an OpenAI error body', async () => {
   const mal = await rawPost(BASE_URL, '/v1/chat/completions', '{"model": ');
   assert.equal(mal.status, 400);
@@ -170,8 +266,14 @@ test('bad input: clear 4xx with an OpenAI error body', async () => {
   await expectApiError(client.chat.completions.create({ ...greedy, messages: [] }), 400, 'messages');
   await expectApiError(client.chat.completions.create({ ...greedy, model: 'no-such-model', messages: user('hi') }), 404, 'model');
   await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), n: 2 }), 400, 'n');
-  await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'required' }), 400, 'tool_choice');
-  await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), response_format: { type: 'json_object' } }), 400, 'response_format');
+  await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), tool_choice: 'required' }), 400, 'tool_choice');
+  await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), tools: [{ type: 'function', function: { name: 'f' } }],
+    tool_choice: { type: 'function', function: { name: 'g' } } }), 400, 'tool_choice');
+  await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), response_format: { type: 'xml' } }), 400, 'response_format');
+  const schema = await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'),
+    response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'object', properties: { a: { type: 'string' } } } } } }), 400, 'response_format');
+  assert.match(schema.error.message, /'properties'/, 'an unenforced schema keyword is named, never ignored');
+  await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), timeout: -1 }), 400, 'timeout');
   await expectApiError(client.completions.create({ ...greedy, prompt: Array(1100).fill(7), max_tokens: 1 }), 400);
   const over = await expectApiError(client.completions.create({ ...greedy, prompt: [1, 2, 3], max_tokens: 1022 }), 400, 'max_tokens');
   assert.equal(over.error.code, 'context_length_exceeded');
@@ -190,7 +292,7 @@ test('fuzzed request bodies never crash the server or get a 5xx', async () => {
   const vals = [null, true, false, 0, -1, 1.5, 1e300, '', 'x', '<think>', '<tool_call>', [], {}, [1], { a: 1 }, [[1]], 2 ** 63, -(2 ** 63), '\u0000'];
   const fields = ['model', 'messages', 'prompt', 'max_tokens', 'temperature', 'top_p', 'top_k', 'min_p', 'seed', 'stop', 'stream',
     'stream_options', 'logprobs', 'top_logprobs', 'tools', 'tool_choice', 'chat_template_kwargs', 'n', 'logit_bias', 'stop_token_ids',
-    'presence_penalty', 'repetition_penalty', 'ignore_eos', 'max_completion_tokens', 'response_format', 'echo', 'min_tokens'];
+    'presence_penalty', 'repetition_penalty', 'ignore_eos', 'max_completion_tokens', 'response_format', 'echo', 'min_tokens', 'timeout'];
   for (let i = 0; i < 200; i++) {
     const chat = rnd() < 0.5;
     const body = chat ? { model: MODEL, messages: user('hi'), max_tokens: 3 } : { model: MODEL, prompt: [1, 2, 3], max_tokens: 3 };

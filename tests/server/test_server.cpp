@@ -1,5 +1,5 @@
-// Server tests: stop strings across token boundaries, reasoning/tool-call splitting and
-// parsing, and the HTTP server in-process (tiny byte-level tokenizer + fixture weights):
+// Server tests: stop strings across token boundaries, reasoning/tool-tail splitting, and the
+// HTTP server in-process (tiny byte-level tokenizer + fixture weights):
 // 32 concurrent greedy requests equal their solo runs; a mid-stream disconnect frees the slot.
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -41,43 +41,25 @@ TEST(StopText, StopStringAcrossTokensIsNeverEmitted) {
   }
 }
 
-TEST(ToolCalls, JsonAndXmlForms) {
-  json tools = json::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
-      "properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}])");
-  std::vector<ToolCall> calls;
-  ASSERT_TRUE(parse_tool_calls("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>", tools, calls));
-  ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0].name, "get_weather");
-  EXPECT_EQ(json::parse(calls[0].arguments), json::parse(R"({"city":"Paris"})"));
-  ASSERT_TRUE(parse_tool_calls("<tool_call>\n<function=get_weather>\n<parameter=city>\n123\n</parameter>\n<parameter=days>\n3\n"
-                               "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n"
-                               "</parameter>\n</function>\n</tool_call>",
-                               tools, calls));
-  ASSERT_EQ(calls.size(), 2u);
-  EXPECT_EQ(json::parse(calls[0].arguments), json::parse(R"({"city":"123","days":3})"));  // string by schema, int parsed
-  EXPECT_EQ(json::parse(calls[1].arguments), json::parse(R"({"city":"Oslo"})"));
-  EXPECT_NE(calls[0].id, calls[1].id);
-  EXPECT_FALSE(parse_tool_calls("<tool_call>\nnot a call\n</tool_call>", tools, calls));
-  EXPECT_FALSE(parse_tool_calls("no call here", tools, calls));
-}
-
 TEST(ChatSplitter, StreamingEqualsWholeAndSplitsReasoningContentTools) {
   const std::string text = "let me think</think>\n\nHello<tool_call>\n<function=f>\n</function>\n</tool_call>";
   ChatSplitter whole(true, true);
   ChatSplitter::Piece a = whole.push(text), af = whole.finish();
   ChatSplitter bytes(true, true);
-  std::string r, c;
+  std::string r, c, t;
   for (char ch : text) {
     auto p = bytes.push(std::string(1, ch));
     r += p.reasoning;
     c += p.content;
+    t += p.tools;
   }
   auto f = bytes.finish();
   EXPECT_EQ(a.reasoning + af.reasoning, "let me think");
   EXPECT_EQ(a.content + af.content, "Hello");
   EXPECT_EQ(r + f.reasoning, "let me think");
   EXPECT_EQ(c + f.content, "Hello");
-  EXPECT_EQ(bytes.tool_text(), whole.tool_text());
+  EXPECT_EQ(t + f.tools, a.tools + af.tools);
+  EXPECT_EQ(a.tools, "<tool_call>\n<function=f>\n</function>\n</tool_call>");
   ChatSplitter plain(false, false);  // no thinking, no tools: everything is content
   auto p = plain.push("a <tool_call> b");
   EXPECT_EQ(p.content + plain.finish().content, "a <tool_call> b");
