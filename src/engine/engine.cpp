@@ -178,7 +178,7 @@ void Engine::finish(Req* r, FinishReason reason, Status error) {
 void Engine::push_token(Req* r, SampleOutput s) {
   TokenConstraint* constraint = r->g.constraint.get();
   if (s.token < 0)
-    return finish(r, FinishReason::kError, Status(ErrorCode::kInternal, "the output constraint allows no next token"));
+    return finish(r, FinishReason::kError, Status(ErrorCode::kInternal, "no token can be sampled: every logit is -inf or refused by the output constraint"));
   if (constraint) constraint->accept(s.token);
   const auto now = Clock::now();
   if (r->n_generated() == 0) {

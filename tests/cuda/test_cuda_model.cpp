@@ -95,13 +95,13 @@ TEST_P(CudaModel, GreedyMatchesWhereMarginIsClear) {
   std::cout << "[figure] " << GetParam() << " greedy positions checked " << same << "\n";
 }
 
-// Dense weights: chunked prefill equals one-piece prefill (every op computes a row the same way
-// whatever the step shape). W4A16: chunks of <= 64 tokens take the GEMV (exact dequantisation)
-// and longer ones dequantise to bf16 for cuBLAS, so each is held to the bf16 baseline instead.
+// Chunked prefill against one-piece prefill: chunks of different lengths take different kernels
+// (the recurrent or the chunked delta rule, split-KV or flash attention, GEMV or cuBLAS), so
+// each is held to the bf16 baseline against transformers; exact equality across step shapes
+// is checked on the CPU backend.
 TEST_P(CudaModel, ChunkedPrefillMatchesOnePiece) {
   Reference ref = load_reference(GetParam());
   GpuEngine e = make_gpu_engine(GetParam(), StateDType::kF32);
-  const bool quantized = e.ck->config().quant.present;
   const int n = static_cast<int>(ref.prompt_ids.size());
   std::vector<float> whole = gpu_prefill(e, ref.prompt_ids, n);
   Engine baseline = make_engine(GetParam(), 4, 64, 16, /*bf16_activations=*/true);
@@ -111,8 +111,8 @@ TEST_P(CudaModel, ChunkedPrefillMatchesOnePiece) {
     const double err = rel_rms(chunked, whole), err_ref = rel_rms(chunked, ref.logits.data);
     std::cout << "[figure] " << GetParam() << " chunk " << chunk << " rel_rms vs one piece " << err
               << " vs transformers " << err_ref << "\n";
-    if (quantized) EXPECT_LE(err_ref, 1.5 * base + 1e-3);
-    else EXPECT_LE(err, 2e-2);
+    EXPECT_LE(err_ref, 1.5 * base + 1e-3);
+    EXPECT_LE(err, 2.0 * base + 1e-3);
   }
 }
 

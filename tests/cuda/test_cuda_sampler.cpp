@@ -106,7 +106,7 @@ TEST_F(CudaSamplerTest, GreedyIsTheCpuArgmaxWithTiesAndInfinities) {
         case 1:  // ties at the maximum: the first index wins
           w[V - 1] = w[V / 2] = w[V / 3] = 60.0f;
           break;
-        case 2:  // every logit -inf: token 0, as the CPU's scan
+        case 2:  // every logit -inf: no token (-1), as the CPU sampler
           std::fill(w, w + V, -INFINITY);
           break;
         case 3:  // mostly -inf, the maximum near the end

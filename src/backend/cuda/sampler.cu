@@ -417,9 +417,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int argmax = rank_index(best);
   const float w_max = key_value(uint32_t(best >> 32));
 
-  int token = argmax;
+  // Every logit -inf (or NaN) after the edits: no token, -1, as the CPU sampler answers.
+  int token = w_max == -INFINITY ? -1 : argmax;
   const bool greedy = p.temperature <= 0.0f || p.top_k == 1;
-  // A row whose maximum is not finite has no distribution: it gets the argmax.
+  // A row whose maximum is +inf has no distribution either: it gets the argmax.
   if (!greedy && isfinite(w_max)) {
     const float inv_t = 1.0f / p.temperature;
     const int k = p.top_k > 0 && p.top_k < V ? p.top_k : V;
