@@ -49,7 +49,7 @@ void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, u
 // > 1, partial is scratch f32 [splits, T, N] and counters i32 [kGemvMaxSplitTiles], zero before
 // the first launch and left zero by each (one stream at a time).
 constexpr int kGemvMaxSplitTiles = 4096;
-constexpr int kW4A16GemvMaxTokens = 16;
+constexpr int kW4A16GemvMaxTokens = 32;
 constexpr int kInt8GemvMaxTokens = 64;
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout

@@ -121,8 +121,9 @@ void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* 
 }
 
 int w4a16_gemv_splits(int T, int N, int K) {
-  const int resident = T <= 8 ? qgemv::resident_blocks<W4Tiled, 1, kChunksInFlight>()
-                              : qgemv::resident_blocks<W4Tiled, 2, kChunksInFlight>();
+  const int resident = T <= 8    ? qgemv::resident_blocks<W4Tiled, 1, kChunksInFlight>()
+                       : T <= 16 ? qgemv::resident_blocks<W4Tiled, 2, kChunksInFlight>()
+                                 : qgemv::resident_blocks<W4Tiled, 4, kChunksInFlight>();
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
 
@@ -134,7 +135,8 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "W4A16 GEMV: x must be 16-byte aligned");
   const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
   if (T <= 8) qgemv::launch<W4Tiled, 1, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
-  else qgemv::launch<W4Tiled, 2, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
+  else if (T <= 16) qgemv::launch<W4Tiled, 2, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
+  else qgemv::launch<W4Tiled, 4, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
   cuda_check_launch("w4a16_gemv", s);
 }
 
