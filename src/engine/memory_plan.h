@@ -1,4 +1,5 @@
-// MemoryPlan: one byte budget (--gpu-memory) split into what is already held (weights, scratch),
+// MemoryPlan: one byte budget (--gpu-memory) split into what is already held (weights, scratch,
+// the GPU runtime), a reserve for what serving allocates later,
 // GDN state slots for every sequence, and as many KV blocks as the rest holds. Reported at start.
 #pragma once
 
@@ -11,7 +12,9 @@ namespace ds {
 
 struct MemoryPlan {
   double budget_bytes = 0;     // 0: no budget (pools sized by the caller)
-  double held_bytes = 0;       // weights + scratch before the caches
+  double held_bytes = 0;       // in use before the caches: weights, scratch and, on a GPU, the
+                               // runtime's context (the device's own count when it is larger)
+  double reserve_bytes = 0;    // headroom for what serving allocates later (graphs, sampler)
   double slot_bytes = 0;       // conv + recurrent state of one sequence, all GDN layers
   double block_bytes = 0;      // K + V of one block, all attention layers
   CacheGeometry geometry;      // the pools to allocate

@@ -75,6 +75,12 @@ class Ops {
   virtual size_t cache_bytes_for(const CacheGeometry& geometry) const = 0;
   // Bytes held now: weights, the scratch arena and caches allocated so far.
   virtual size_t bytes_in_use() const = 0;
+  // Bytes the device has in use now by everything: on a GPU the whole device's total - free,
+  // so the runtime's context and library workspaces count too. Default: bytes_in_use().
+  virtual size_t device_bytes_used() const { return bytes_in_use(); }
+  // Headroom a memory budget keeps beyond weights, scratch and caches for what the backend
+  // allocates while serving (step graphs, sampler buffers, library growth).
+  virtual size_t runtime_reserve_bytes() const { return 0; }
 
   // --- step ---
   // Makes `plan` the current step; the ops below read its token ids, positions, sequence

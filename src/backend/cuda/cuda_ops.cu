@@ -157,6 +157,12 @@ Tensor CudaOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
   return t;
 }
 
+size_t CudaOps::device_bytes_used() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return total_bytes - free_bytes;
+}
+
 void CudaOps::synchronize() { CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
 
 void CudaOps::free_weight(Tensor t) {

@@ -45,6 +45,9 @@ class CudaOps final : public Ops {
   void alloc_caches(const CacheGeometry& geometry) override;
   size_t cache_bytes_for(const CacheGeometry& g) const override;
   size_t bytes_in_use() const override { return weight_bytes_ + options_.scratch_bytes + cache_bytes_; }
+  size_t device_bytes_used() const override;
+  // 512 MiB: the 27B serve at C64 grew by 330 MiB in its first minute (graphs of each batch size).
+  size_t runtime_reserve_bytes() const override { return size_t(512) << 20; }
 
   void begin_step(const StepPlan& plan) override;
   // Decode steps are recorded as a CUDA graph per (sequences, block-table width) on first use
