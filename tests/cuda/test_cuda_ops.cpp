@@ -123,7 +123,7 @@ TEST_F(CudaOpsTest, NormsAndElementwise) {
 }
 
 TEST_F(CudaOpsTest, LinearEmbeddingGather) {
-  for (int T : {1, 63, 500}) {
+  for (int T : {1, 7, 16, 63, 500}) {
     const int K = 96, N = 200, V = 50;
     auto x = both(random_bf16(T * K, rng), {T, K});
     auto w = both(random_bf16(N * K, rng, 0.1f), {N, K});

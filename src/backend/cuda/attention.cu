@@ -169,7 +169,9 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
 }
 
 // One warp per (token, query head) of the n_rows tokens from t_begin, for tokens of sequences
-// with min_chunk < new tokens <= max_chunk: merges the splits' partial softmax states.
+// with min_chunk < new tokens <= max_chunk: merges the splits' partial softmax states. Lanes
+// first reduce the splits' maxima and sums (a split per lane), then each lane merges 8 head
+// dims across the splits with independent loads, so the loop is not a chain of L2 round trips.
 __global__ void attention_combine_kernel(const float* partial, bf16* out, const int32_t* seq_of_token,
                                          const int32_t* cu_seqlens, int t_begin, int TH, int min_chunk, int max_chunk,
                                          int nH, int hd, int n_splits) {
@@ -179,22 +181,35 @@ __global__ void attention_combine_kernel(const float* partial, bf16* out, const 
   const int t = t_begin + th / nH, s = seq_of_token[t];
   const int len = cu_seqlens[s + 1] - cu_seqlens[s];
   if (len <= min_chunk || len > max_chunk) return;
-  const float* src = partial + int64_t(th) * n_splits * (hd + 2);
+  const int stride = hd + 2;  // floats per split: accumulator [hd], max, sum
+  const float* src = partial + int64_t(th) * n_splits * stride;
   float M = -INFINITY;
-  for (int sp = 0; sp < n_splits; ++sp) M = fmaxf(M, src[sp * (hd + 2) + hd]);
+  for (int sp = lane; sp < n_splits; sp += 32) M = fmaxf(M, src[sp * stride + hd]);
+  M = warp_max(M);
   float L = 0.f;
+  for (int sp = lane; sp < n_splits; sp += 32) {
+    const float ms = src[sp * stride + hd];
+    if (ms != -INFINITY) L += src[sp * stride + hd + 1] * expf(ms - M);
+  }
+  L = warp_sum(L);
+  const int d0 = 8 * lane;  // hd is a multiple of 8 and at most 256
+  if (d0 >= hd) return;
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
   for (int sp = 0; sp < n_splits; ++sp) {
-    const float ms = src[sp * (hd + 2) + hd];
-    if (ms != -INFINITY) L += src[sp * (hd + 2) + hd + 1] * expf(ms - M);
-  }
-  for (int d = lane; d < hd; d += 32) {
-    float acc = 0.f;
-    for (int sp = 0; sp < n_splits; ++sp) {
-      const float ms = src[sp * (hd + 2) + hd];
-      if (ms != -INFINITY) acc += src[sp * (hd + 2) + d] * expf(ms - M);
+    const float ms = src[sp * stride + hd];
+    const float wgt = ms == -INFINITY ? 0.f : expf(ms - M);  // an empty split's accumulator is zeros
+    const float2* a = reinterpret_cast<const float2*>(src + sp * stride + d0);  // 8-byte aligned: stride even
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 v = a[e];
+      acc[2 * e] += wgt * v.x;
+      acc[2 * e + 1] += wgt * v.y;
     }
-    out[(int64_t(t) * nH + th % nH) * hd + d] = to_bf16(acc / L);
   }
+  bf16* o = out + (int64_t(t) * nH + th % nH) * hd + d0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) o[e] = to_bf16(acc[e] / L);
 }
 
 }  // namespace
@@ -249,6 +264,7 @@ void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, b
 void launch_attention_combine(const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                               int t_begin, int t_end, int min_chunk, int max_chunk, int nH, int hd, int n_splits,
                               cudaStream_t s) {
+  DS_ASSERT(hd % 8 == 0 && hd <= kMaxHeadDim, "attention combine: head_dim %d", hd);
   const int TH = (t_end - t_begin) * nH, per_block = 4;
   if (TH <= 0) return;
   attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(

@@ -368,6 +368,10 @@ void CudaOps::linear(Tensor x, Tensor w, Tensor out) {
   DS_ASSERT(w.dim(1) == K && out.numel() == int64_t(T) * N, "linear shapes x%s w%s out%s", x.shape_str().c_str(),
             w.shape_str().c_str(), out.shape_str().c_str());
   if (T == 0) return;
+  if (cuda::small_gemv_supported(x.data, w.data, T, N, K)) {  // e.g. in_proj_a/b at decode: no split-K GEMM
+    cuda::launch_small_gemv(B(x), B(w), B(out), T, N, K, impl_->stream);
+    return;
+  }
   gemm(x.data, w.data, out.data, T, N, K, N);
 }
 

@@ -81,6 +81,13 @@ void launch_int8_embedding(const int8_t* q, const float* scales, const int32_t* 
 // x[i] = random 32-bit patterns (synthetic packed weights)
 void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t s);
 
+// Dense bf16 out [T, N] = x [T, K] . w [N, K]^T for N <= kSmallGemvMaxRows output rows and
+// T <= kSmallGemvMaxTokens tokens (x and w 16-byte aligned, K % 8 == 0): one block per row.
+constexpr int kSmallGemvMaxTokens = 16;
+constexpr int kSmallGemvMaxRows = 256;
+bool small_gemv_supported(const void* x, const void* w, int T, int N, int K);
+void launch_small_gemv(const bf16* x, const bf16* w, bf16* out, int T, int N, int K, cudaStream_t s);
+
 // Varlen causal depthwise conv + SiLU from the conv state, then the state update.
 // mixed bf16 [T, C]; w f32 [C, K]; state bf16 [n_slots, K-1, C]; out bf16 [T, C].
 // seq_of_token i32 [T]; cu_seqlens i32 [n_seqs+1]; n_past, slots i32 [n_seqs].

@@ -1,0 +1,66 @@
+// Dense bf16 linear for few output rows and few tokens (the GDN in_proj_a / in_proj_b, N = Hv):
+// one block per output row reads the row once and reduces all T tokens' dot products, one
+// launch where cuBLAS takes a split-K GEMM plus its reduction kernel.
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launchers.h"
+
+namespace ds::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= kSmallGemvMaxTokens), 16-byte
+// vectors (K % 8 == 0), fp32 accumulation.
+__global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                              bf16* __restrict__ out, int T, int N, int K) {
+  __shared__ float red[kThreads / 32][kSmallGemvMaxTokens];
+  const int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  float acc[kSmallGemvMaxTokens];
+#pragma unroll
+  for (int t = 0; t < kSmallGemvMaxTokens; ++t) acc[t] = 0.f;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
+  for (int c = threadIdx.x; c < K / 8; c += kThreads) {
+    const uint4 wv = __ldg(wr + c);
+    const bf16* wb = reinterpret_cast<const bf16*>(&wv);
+#pragma unroll
+    for (int t = 0; t < kSmallGemvMaxTokens; ++t) {
+      if (t < T) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + c);
+        const bf16* xb = reinterpret_cast<const bf16*>(&xv);
+        float a = acc[t];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) a += to_f32(wb[e]) * to_f32(xb[e]);
+        acc[t] = a;
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kSmallGemvMaxTokens; ++t) {
+    const float v = warp_sum(acc[t]);
+    if (lane == 0) red[warp][t] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < T) {
+    float v = 0.f;
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; ++i) v += red[i][threadIdx.x];
+    out[int64_t(threadIdx.x) * N + n] = to_bf16(v);
+  }
+}
+
+}  // namespace
+
+bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  return aligned && T >= 1 && T <= kSmallGemvMaxTokens && N <= kSmallGemvMaxRows && K % 8 == 0;
+}
+
+void launch_small_gemv(const bf16* x, const bf16* w, bf16* out, int T, int N, int K, cudaStream_t s) {
+  DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
+  small_gemv_kernel<<<N, kThreads, 0, s>>>(x, w, out, T, N, K);
+  cuda_check_launch("small_gemv", s);
+}
+
+}  // namespace ds::cuda
