@@ -21,6 +21,7 @@
 #include "backend/cpu/gdn_ref.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
+#include "cuda/cuda_test_util.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/launchers.h"
 #include "core/dtype.h"
@@ -28,15 +29,7 @@
 namespace ds {
 namespace {
 
-double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
+using cuda_test::rel_rms;
 
 // Device buffer of n elements.
 template <class T>

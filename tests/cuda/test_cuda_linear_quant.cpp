@@ -15,31 +15,17 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
+#include "cuda/cuda_test_util.h"
 #include "backend/cuda/device.h"
 #include "ops/int8_rows.h"
 
 namespace ds {
 namespace {
 
+using cuda_test::rel_rms;
+using cuda_test::random_bf16;
+
 constexpr double kCopyGbps = 4260;  // H200 device copy bandwidth measured here (DESIGN.md §6)
-
-// Relative RMS error; bf16 output rounding alone costs ~1e-3.
-double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-std::vector<float> random_bf16(size_t n, std::mt19937& rng, float scale = 1.f) {
-  std::normal_distribution<float> nd(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(nd(rng)));
-  return v;
-}
 
 // One sequence of the given token ids (embedding reads only the ids).
 StepPlan plan_of(const std::vector<int32_t>& ids) {

@@ -11,29 +11,14 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
+#include "cuda/cuda_test_util.h"
 #include "backend/cuda/device.h"
 
 namespace ds {
 namespace {
 
-// Relative RMS error; bf16 storage alone costs ~2e-3.
-double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
-
-// Random values already rounded to bf16, so both backends see identical inputs.
-std::vector<float> random_bf16(size_t n, std::mt19937& rng, float scale = 1.f) {
-  std::normal_distribution<float> nd(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = bf16_to_f32(f32_to_bf16(nd(rng)));
-  return v;
-}
+using cuda_test::rel_rms;
+using cuda_test::random_bf16;
 
 class CudaOpsTest : public ::testing::Test {
  protected:

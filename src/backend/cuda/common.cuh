@@ -1,7 +1,11 @@
-// Device helpers shared by the CUDA kernels: conversions, activations, block reductions.
+// Device helpers shared by the CUDA kernels: conversions, activations, block reductions, GDN
+// state elements.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
 
 namespace ds::cuda {
 
@@ -31,6 +35,19 @@ __device__ __forceinline__ float block_sum(float v) {
   }
   __syncthreads();
   return total;
+}
+
+// One element of a GDN recurrent state pool stored as fp32 (dtype 0), fp16 (1) or bf16 (2).
+__device__ __forceinline__ float load_state(const void* p, int64_t i, int dtype) {
+  if (dtype == 0) return static_cast<const float*>(p)[i];
+  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
+  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+}
+
+__device__ __forceinline__ void store_state(void* p, int64_t i, float v, int dtype) {
+  if (dtype == 0) static_cast<float*>(p)[i] = v;
+  else if (dtype == 1) static_cast<__half*>(p)[i] = __float2half_rn(v);
+  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
 }
 
 }  // namespace ds::cuda

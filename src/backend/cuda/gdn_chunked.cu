@@ -38,19 +38,7 @@ static_assert(kD == 32 * (kThreads / 32), "each pass warp owns 32 state rows");
 
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
-// ---- device helpers: state storage, cp.async, ldmatrix, mma ----
-
-__device__ __forceinline__ float load_state(const void* p, int64_t i, int dtype) {
-  if (dtype == 0) return static_cast<const float*>(p)[i];
-  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-}
-
-__device__ __forceinline__ void store_state(void* p, int64_t i, float v, int dtype) {
-  if (dtype == 0) static_cast<float*>(p)[i] = v;
-  else if (dtype == 1) static_cast<__half*>(p)[i] = __float2half_rn(v);
-  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-}
+// ---- device helpers: cp.async, ldmatrix, mma (state elements: common.cuh) ----
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

@@ -13,18 +13,6 @@ namespace ds::cuda {
 
 namespace {
 
-__device__ __forceinline__ float load_state(const void* p, int64_t i, int dtype) {
-  if (dtype == 0) return static_cast<const float*>(p)[i];
-  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-}
-
-__device__ __forceinline__ void store_state(void* p, int64_t i, float v, int dtype) {
-  if (dtype == 0) static_cast<float*>(p)[i] = v;
-  else if (dtype == 1) static_cast<__half*>(p)[i] = __float2half_rn(v);
-  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-}
-
 __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
                                      bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
                                      const int32_t* slots, int Hk, int Hv, int dk, int dv, int cols_per_block) {
