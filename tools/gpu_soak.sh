@@ -21,7 +21,7 @@ case "${1:-}" in
       ${DS_SOAK_SERVE_ARGS:---config configs/qwen3.8-27b.json --synthetic --w4a16 --device cuda --gpu-memory 24 --max-num-seqs 64} \
       > "$DIR/soak.txt" 2>&1 < /dev/null &
     echo $! > "$DIR/pid"
-    sleep 560
+    sleep "${DS_SOAK_START_WAIT:-560}"  # env: DS_SOAK_START_WAIT (seconds this call waits)
     tail -3 "$DIR/soak.csv" 2>/dev/null
     echo "soak still running: issue 'tools/gpu_soak.sh collect' now"
     ;;
