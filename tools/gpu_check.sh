@@ -34,7 +34,7 @@ done
 # env: DS_SKIP_BENCH=1 skips it; DS_BENCH=w4a16 runs only the W4A16 sweep.
 BENCH=(.devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic)
 if [ "${DS_SKIP_BENCH:-0}" != 1 ]; then
-  "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384 --json "$OUT/bench_model_w4a16.jsonl" \
+  "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384,51200 --json "$OUT/bench_model_w4a16.jsonl" \
     > "$OUT/bench_model_w4a16.txt" 2> "$OUT/bench_model_w4a16.log" || status=1
   # Batch-1 decode with step graphs off: what the graphs save.
   DS_CUDA_GRAPHS=0 "${BENCH[@]}" --w4a16 --batches 1 --contexts 1024 --verify 0 --prefill 0 \

@@ -112,6 +112,8 @@ void register_bench_model_command(CLI::App& bench) {
   m->add_option("--contexts", a->o.decode_contexts, "decode context depths")->delimiter(',')->capture_default_str();
   m->add_option("--verify", a->o.verify_tokens, "verify block sizes (batch 1; 0: none)")->delimiter(',')->capture_default_str();
   m->add_option("--prefill", a->o.prefill_lengths, "prefill lengths (0: none)")->delimiter(',')->capture_default_str();
+  m->add_option("--max-kv-tokens", a->o.max_decode_tokens, "skip decode batch x context pairs above this many KV tokens")
+      ->capture_default_str();
   m->add_option("--reps", a->o.reps, "timed steps per decode/verify figure")->capture_default_str();
   m->add_flag("--profile", a->profile, "start the profiler's capture after setup (ncu --profile-from-start off)");
   m->add_option("--json", a->json_out, "also write one JSON object per figure to this file");

@@ -16,10 +16,10 @@ namespace ds {
 struct ModelBenchOptions {
   std::vector<int> decode_batches = {1, 8, 32, 64};
   std::vector<int> decode_contexts = {1024, 16384};
-  int max_decode_tokens = 160 * 1024;  // skip batch x context pairs beyond this many KV tokens
+  int max_decode_tokens = 1 << 20;  // skip batch x context pairs beyond this many KV tokens (64 x 16k)
   std::vector<int> verify_tokens = {1, 4, 8, 16};
   int verify_context = 4096;
-  std::vector<int> prefill_lengths = {1024, 4096, 16384};
+  std::vector<int> prefill_lengths = {1024, 4096, 16384, 51200};
   int prefill_chunk = 4096;
   int reps = 10;
   int state_bytes = 2;       // bytes per GDN state element (fp16 default)
