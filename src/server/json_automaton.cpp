@@ -1,4 +1,5 @@
-// JsonAutomaton: one transition per byte; containers on a stack, everything else in `s_`.
+// JsonAutomaton: one transition per byte; containers on a stack, everything else in `s_`; the
+// optional schema adds checks at value starts, keys, string bytes, commas and closers.
 #include "server/json_automaton.h"
 
 namespace ds::server {
@@ -16,7 +17,43 @@ int hex_value(uint8_t c) {
 
 }  // namespace
 
-JsonAutomaton::JsonAutomaton(Options o) : o_(o) {}
+JsonAutomaton::JsonAutomaton(Options o) : o_(std::move(o)) { value_node_ = o_.schema ? 0 : -1; }
+
+bool JsonAutomaton::string_ok(bool closing) const {
+  const JsonSchema::Node* n = in_key_ ? node(nodes_.empty() ? -1 : nodes_.back()) : node(value_node_);
+  if (!n) return true;
+  auto fits = [&](const std::string& option) {
+    return closing ? option == str_ : option.compare(0, str_.size(), str_) == 0 && option.size() >= str_.size();
+  };
+  if (!in_key_) {  // an enum value
+    if (n->enum_strings.empty()) return true;
+    for (const std::string& e : n->enum_strings)
+      if (fits(e)) return true;
+    return false;
+  }
+  const std::vector<uint8_t>& seen = seen_.back();
+  for (size_t i = 0; i < n->prop_names.size(); ++i) {
+    if (n->prop_names[i] == str_ && closing) return !seen[i];  // declared: once only
+    if (!seen[i] && fits(n->prop_names[i])) return true;
+  }
+  return n->additional;
+}
+
+bool JsonAutomaton::object_may_close() const {
+  const JsonSchema::Node* n = node(nodes_.back());
+  if (!n) return true;
+  for (size_t i = 0; i < n->prop_names.size(); ++i)
+    if (n->prop_required[i] && !seen_.back()[i]) return false;
+  return true;
+}
+
+bool JsonAutomaton::object_may_continue() const {
+  const JsonSchema::Node* n = node(nodes_.back());
+  if (!n || n->additional) return true;
+  for (uint8_t set : seen_.back())
+    if (!set) return true;
+  return false;
+}
 
 bool JsonAutomaton::push(std::string_view bytes) {
   JsonAutomaton next = *this;
@@ -33,6 +70,13 @@ bool JsonAutomaton::accepts(std::string_view bytes) const {
 
 bool JsonAutomaton::complete() const { return s_ == S::kDone; }
 
+void JsonAutomaton::close_container() {
+  stack_.pop_back();
+  nodes_.pop_back();
+  seen_.pop_back();
+  end_value();
+}
+
 void JsonAutomaton::end_value() {
   s_ = stack_.empty() ? S::kDone : S::kAfterValue;
   ws_run_ = 0;
@@ -41,14 +85,32 @@ void JsonAutomaton::end_value() {
 bool JsonAutomaton::start_value(uint8_t c) {
   const bool top = stack_.empty();
   if (top && o_.top_level != 0 && c != static_cast<uint8_t>(o_.top_level)) return false;
+  if (const JsonSchema::Node* n = node(value_node_)) {
+    const uint8_t need = c == '{' ? JsonSchema::kObject : c == '[' ? JsonSchema::kArray : c == '"' ? JsonSchema::kString
+                         : (c == 't' || c == 'f') ? JsonSchema::kBoolean : c == 'n' ? JsonSchema::kNull
+                         : (c == '-' || is_digit(c)) ? uint8_t(JsonSchema::kNumber | JsonSchema::kInteger) : 0;
+    if (!(n->types & need)) return false;
+    int_only_ = !(n->types & JsonSchema::kNumber);
+  } else {
+    int_only_ = false;
+  }
   switch (c) {
     case '{':
-    case '[':
+    case '[': {
       if (depth() >= o_.max_depth) return false;
       stack_.push_back(static_cast<char>(c));
+      const JsonSchema::Node* n = node(value_node_);
+      nodes_.push_back(n ? value_node_ : -1);
+      seen_.emplace_back(c == '{' && n ? n->prop_names.size() : 0, 0);
+      if (c == '[') value_node_ = n ? n->items : -1;
       s_ = c == '{' ? S::kObjectFirst : S::kArrayFirst;
       return true;
-    case '"': s_ = S::kString; in_key_ = false; return true;
+    }
+    case '"':
+      s_ = S::kString;
+      in_key_ = false;
+      str_.clear();
+      return true;
     case '-': s_ = S::kNumMinus; return true;
     case '0': s_ = S::kNumZero; return true;
     case 't': literal_ = "rue"; s_ = S::kLiteral; return true;
@@ -82,54 +144,80 @@ bool JsonAutomaton::step(uint8_t c) {
     case S::kValue: return start_value(c);
     case S::kArrayFirst:
       if (c == ']') {
-        stack_.pop_back();
-        end_value();
+        close_container();
         return true;
       }
       return start_value(c);
     case S::kObjectFirst:
       if (c == '}') {
-        stack_.pop_back();
-        end_value();
+        if (!object_may_close()) return false;
+        close_container();
         return true;
       }
+      if (c == '"' && !object_may_continue()) return false;  // additionalProperties false, nothing declared
       [[fallthrough]];
     case S::kKey:
       if (c != '"') return false;
       s_ = S::kString;
       in_key_ = true;
+      str_.clear();
       return true;
     case S::kColon:
       if (c != ':') return false;
       s_ = S::kValue;
+      if (const JsonSchema::Node* n = node(nodes_.back())) value_node_ = key_prop_ >= 0 ? n->prop_nodes[key_prop_] : -1;
+      else value_node_ = -1;
       return true;
     case S::kAfterValue:
       if (c == ',') {
-        s_ = stack_.back() == '{' ? S::kKey : S::kValue;
+        if (stack_.back() == '{') {
+          if (!object_may_continue()) return false;
+          s_ = S::kKey;
+        } else {
+          const JsonSchema::Node* n = node(nodes_.back());
+          value_node_ = n ? n->items : -1;
+          s_ = S::kValue;
+        }
         return true;
       }
-      if ((c == '}' && stack_.back() == '{') || (c == ']' && stack_.back() == '[')) {
-        stack_.pop_back();
-        end_value();
+      if (c == '}' && stack_.back() == '{') {
+        if (!object_may_close()) return false;
+        close_container();
+        return true;
+      }
+      if (c == ']' && stack_.back() == '[') {
+        close_container();
         return true;
       }
       return false;
     case S::kDone: return false;
     case S::kString:
-      if (utf8_left_ > 0) {
-        if (c < utf8_lo_ || c > utf8_hi_) return false;
-        --utf8_left_;
-        utf8_lo_ = 0x80;
-        utf8_hi_ = 0xBF;
-        return true;
-      }
-      if (c == '"') {
+      if (c == '"' && utf8_left_ == 0) {  // the closing quote
+        if (!string_ok(/*closing=*/true)) return false;
         if (in_key_) {
+          key_prop_ = -1;
+          if (const JsonSchema::Node* n = node(nodes_.back()))
+            for (size_t i = 0; i < n->prop_names.size(); ++i)
+              if (n->prop_names[i] == str_) {
+                key_prop_ = static_cast<int>(i);
+                seen_.back()[i] = 1;
+              }
           s_ = S::kColon;
           in_key_ = false;
         } else {
           end_value();
         }
+        return true;
+      }
+      if (o_.schema) {  // every byte of a string (escapes included) must keep a key / enum possible
+        str_.push_back(static_cast<char>(c));
+        if (!string_ok(/*closing=*/false)) return false;
+      }
+      if (utf8_left_ > 0) {
+        if (c < utf8_lo_ || c > utf8_hi_) return false;
+        --utf8_left_;
+        utf8_lo_ = 0x80;
+        utf8_hi_ = 0xBF;
         return true;
       }
       if (c == '\\') {
@@ -149,6 +237,10 @@ bool JsonAutomaton::step(uint8_t c) {
       else return false;
       return true;
     case S::kEscape:
+      if (o_.schema) {
+        str_.push_back(static_cast<char>(c));
+        if (!string_ok(/*closing=*/false)) return false;
+      }
       if (c == 'u') {
         s_ = S::kUnicode;
         hex_left_ = 4;
@@ -162,6 +254,10 @@ bool JsonAutomaton::step(uint8_t c) {
         default: return false;
       }
     case S::kUnicode: {
+      if (o_.schema) {
+        str_.push_back(static_cast<char>(c));
+        if (!string_ok(/*closing=*/false)) return false;
+      }
       const int h = hex_value(c);
       if (h < 0) return false;
       code_ = code_ * 16 + static_cast<uint32_t>(h);
@@ -180,10 +276,18 @@ bool JsonAutomaton::step(uint8_t c) {
       return true;
     }
     case S::kLowBackslash:
+      if (o_.schema) {
+        str_.push_back(static_cast<char>(c));
+        if (!string_ok(/*closing=*/false)) return false;
+      }
       if (c != '\\') return false;
       s_ = S::kLowU;
       return true;
     case S::kLowU:
+      if (o_.schema) {
+        str_.push_back(static_cast<char>(c));
+        if (!string_ok(/*closing=*/false)) return false;
+      }
       if (c != 'u') return false;
       s_ = S::kUnicode;
       hex_left_ = 4;
@@ -195,6 +299,7 @@ bool JsonAutomaton::step(uint8_t c) {
       else return false;
       return true;
     case S::kNumZero:
+      if (int_only_ && (c == '.' || c == 'e' || c == 'E')) return false;
       if (c == '.') s_ = S::kNumDot;
       else if (c == 'e' || c == 'E') s_ = S::kNumE;
       else if (is_digit(c)) return false;  // no leading zeros
@@ -202,6 +307,7 @@ bool JsonAutomaton::step(uint8_t c) {
       return true;
     case S::kNumInt:
       if (is_digit(c)) return true;
+      if (int_only_ && (c == '.' || c == 'e' || c == 'E')) return false;
       if (c == '.') s_ = S::kNumDot;
       else if (c == 'e' || c == 'E') s_ = S::kNumE;
       else return after_number(c);

@@ -1,12 +1,17 @@
 // JsonAutomaton: an incremental JSON validator, a byte-level pushdown automaton that says
 // whether a text is a valid prefix of one JSON value (RFC 8259, UTF-8) and when that value is
-// complete. Used by constrained decoding (response_format) to test candidate tokens' text and
+// complete, optionally also a prefix of a value its JsonSchema allows. Used by constrained
+// decoding (response_format) to test candidate tokens' text and
 // by the tool-call stream to find where an arguments value ends. Knows nothing of tokens.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
+
+#include "server/json_schema.h"
 
 namespace ds::server {
 
@@ -16,6 +21,9 @@ class JsonAutomaton {
     int max_depth = 64;           // deepest [ / { nesting accepted
     int max_whitespace_run = 32;  // consecutive whitespace bytes outside strings (a model can loop on newlines)
     char top_level = 0;           // '{' / '[': the top-level value must be an object / an array
+    // The value must also satisfy this schema (JsonSchema's subset): types, declared and
+    // required keys, items, string enums. Every accepted prefix can still be completed.
+    std::shared_ptr<const JsonSchema> schema;
   };
   JsonAutomaton() : JsonAutomaton(Options{}) {}
   explicit JsonAutomaton(Options o);
@@ -50,7 +58,13 @@ class JsonAutomaton {
   bool step(uint8_t c);
   bool start_value(uint8_t c);
   void end_value();  // a value just ended: back to the container (or done)
+  void close_container();  // '}' or ']' accepted
   bool after_number(uint8_t c);
+  // Schema checks (no-ops without a schema).
+  const JsonSchema::Node* node(int i) const { return i >= 0 && o_.schema ? &o_.schema->nodes[i] : nullptr; }
+  bool string_ok(bool closing) const;  // str_ (+ the closing quote) fits the key / enum rules
+  bool object_may_close() const;       // every required key of the open object is set
+  bool object_may_continue() const;    // another key can still be added
 
   Options o_;
   std::vector<char> stack_;  // '{' or '[' per open container
@@ -63,6 +77,15 @@ class JsonAutomaton {
   int utf8_left_ = 0;        // continuation bytes still due in a string
   uint8_t utf8_lo_ = 0x80, utf8_hi_ = 0xBF;  // allowed range of the next continuation byte
   const char* literal_ = nullptr;  // rest of true/false/null
+  // schema state: the node of each open container (-1: unconstrained), the declared keys set
+  // so far in each open object, the node of the value about to start, the current string's
+  // bytes (keys and enum values), the property a key named, and integer-only numbers
+  std::vector<int> nodes_;
+  std::vector<std::vector<uint8_t>> seen_;
+  int value_node_ = -1;
+  std::string str_;
+  int key_prop_ = -1;
+  bool int_only_ = false;
 };
 
 }  // namespace ds::server

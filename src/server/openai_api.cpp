@@ -3,6 +3,7 @@
 // response_format become a forced tool-call opening and an OutputConstraint for the engine.
 #include "server/openai_api.h"
 
+#include "server/json_schema.h"
 #include "server/output_constraint.h"
 #include <algorithm>
 #include <chrono>
@@ -57,7 +58,7 @@ struct Fields {
 };
 
 // response_format: "text" (nothing to do), "json_object" (any JSON object), "json_schema" (a JSON
-// value of the schema's top-level type; see docs/api.md for what is enforced).
+// value the schema allows, within JsonSchema's subset; see docs/api.md).
 std::optional<ApiError> parse_response_format(const json& rf, ParsedRequest& r) {
   const char* kParam = "response_format";
   if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
@@ -73,19 +74,12 @@ std::optional<ApiError> parse_response_format(const json& rf, ParsedRequest& r) 
     const json& js = rf["json_schema"];
     const json schema = js.contains("schema") ? js["schema"] : json::object();
     if (!schema.is_object()) return bad(kParam, "'response_format.json_schema.schema' must be an object");
-    for (auto it = schema.begin(); it != schema.end(); ++it) {
-      const std::string& k = it.key();
-      if (k == "title" || k == "description" || k == "$schema" || k == "type") continue;
-      return bad(kParam, "response_format json_schema: the keyword '" + k +
-                             "' is not enforced by this server (only a top-level 'type' of \"object\" or \"array\" is); "
-                             "use {\"type\": \"json_object\"} or drop the keyword");
-    }
-    if (schema.contains("type")) {
-      const json& t = schema["type"];
-      if (t == "object") o.top_level = '{';
-      else if (t == "array") o.top_level = '[';
-      else return bad(kParam, "response_format json_schema: only a top-level 'type' of \"object\" or \"array\" is supported, got " + t.dump());
-    }
+    auto compiled = JsonSchema::compile(schema);
+    if (!compiled.ok())
+      return bad(kParam, "response_format json_schema: " + compiled.status().message() +
+                             " (enforced: type, properties, required, additionalProperties, items, enum/const of "
+                             "strings; see docs/api.md)");
+    o.schema = std::move(compiled.value());
   } else {
     return bad(kParam, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got \"" + type + "\"");
   }

@@ -197,6 +197,16 @@ test('response_format json_object / json_schema: constrained output parses', asy
   const arr = await client.chat.completions.create({ ...greedy, ...noThinking, messages: user('A list'), max_tokens: 64,
     response_format: { type: 'json_schema', json_schema: { name: 'list', schema: { type: 'array' } } }, logit_bias: { [BYTE(']')]: 30 } });
   assert.ok(Array.isArray(JSON.parse(arr.choices[0].message.content)));
+  // a schema with required keys, a string enum and an integer: the only values it allows
+  const unitSchema = { type: 'object', additionalProperties: false, required: ['unit', 'n'],
+    properties: { unit: { enum: ['C', 'F'] }, n: { type: 'integer' } } };
+  const typed = await client.chat.completions.create({ ...greedy, ...noThinking, messages: user('Units'), max_tokens: 300,
+    response_format: { type: 'json_schema', json_schema: { name: 'unit', schema: unitSchema } },
+    logit_bias: { [BYTE('}')]: 30, [BYTE(',')]: 20, [BYTE('"')]: 20 } });
+  assert.equal(typed.choices[0].finish_reason, 'stop', typed.choices[0].message.content);
+  const u = JSON.parse(typed.choices[0].message.content);
+  assert.deepEqual(Object.keys(u).sort(), ['n', 'unit'], typed.choices[0].message.content);
+  assert.ok(['C', 'F'].includes(u.unit) && Number.isInteger(u.n), typed.choices[0].message.content);
   // sampled, unbiased: whatever comes is a JSON object or, cut by max_tokens, its beginning
   const sampled = await client.chat.completions.create({ model: MODEL, temperature: 1, seed: 7, ...noThinking, messages: user('JSON'),
     max_tokens: 48, response_format: { type: 'json_object' } });
@@ -271,8 +281,9 @@ test('bad input: clear 4xx with an OpenAI error body', async () => {
     tool_choice: { type: 'function', function: { name: 'g' } } }), 400, 'tool_choice');
   await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), response_format: { type: 'xml' } }), 400, 'response_format');
   const schema = await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'),
-    response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'object', properties: { a: { type: 'string' } } } } } }), 400, 'response_format');
-  assert.match(schema.error.message, /'properties'/, 'an unenforced schema keyword is named, never ignored');
+    response_format: { type: 'json_schema', json_schema: { name: 's', schema: { type: 'object', properties: { a: { type: 'string', pattern: '^x' } } } } } }), 400, 'response_format');
+  assert.match(schema.error.message, /'pattern'/, 'an unenforced schema keyword is named, never ignored');
+  assert.match(schema.error.message, /properties\.a\./, 'with its path');
   await expectApiError(client.chat.completions.create({ ...greedy, messages: user('hi'), timeout: -1 }), 400, 'timeout');
   await expectApiError(client.completions.create({ ...greedy, prompt: Array(1100).fill(7), max_tokens: 1 }), 400);
   const over = await expectApiError(client.completions.create({ ...greedy, prompt: [1, 2, 3], max_tokens: 1022 }), 400, 'max_tokens');

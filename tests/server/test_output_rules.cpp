@@ -7,6 +7,7 @@
 
 #include "engine/sampler.h"
 #include "server/json_automaton.h"
+#include "server/json_schema.h"
 #include "server/output_constraint.h"
 #include "server/tool_calls.h"
 #include "tok_test_util.h"
@@ -81,6 +82,64 @@ TEST(JsonAutomaton, NumbersEndOnlyAtADelimiter) {
   EXPECT_FALSE(top.complete());
   ASSERT_TRUE(top.push("\n"));
   EXPECT_TRUE(top.complete());
+}
+
+JsonAutomaton::Options with_schema(const char* schema) {
+  auto compiled = JsonSchema::compile(json::parse(schema));
+  EXPECT_TRUE(compiled.ok()) << compiled.status().message();
+  JsonAutomaton::Options o;
+  o.schema = compiled.value();
+  return o;
+}
+
+TEST(JsonSchema, ObjectsKeepToDeclaredRequiredAndTypedProperties) {
+  const auto o = with_schema(R"({"type": "object", "additionalProperties": false, "required": ["city"],
+      "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                     "unit": {"enum": ["C", "F"]}, "tags": {"type": "array", "items": {"type": "string"}}}})");
+  for (const std::string doc : {R"({"city": "Oslo"})", R"({"days": 3, "city": "Oslo", "unit": "F"})",
+                                R"({"city": "x", "tags": ["a", "b"], "days": -12})"}) {
+    EXPECT_TRUE(whole(doc, o)) << doc;
+    for (size_t n = 0; n <= doc.size(); ++n) EXPECT_TRUE(prefix_ok(doc.substr(0, n), o)) << doc.substr(0, n);
+  }
+  for (const std::string bad : {R"({})", R"({"days": 3})", R"({"town")", R"({"city": 5)", R"({"city": "a", "city")",
+                                R"({"days": 1.5)", R"({"days": 1e3)", R"({"unit": "K")", R"({"unit": "CF")",
+                                R"({"tags": [1)", R"([)", R"("x")"})
+    EXPECT_FALSE(prefix_ok(bad, o)) << bad;
+  // every declared key used: no comma can follow
+  EXPECT_FALSE(prefix_ok(R"({"city": "a", "days": 1, "unit": "C", "tags": [],)", o));
+  // the open object cannot close before "city"
+  JsonAutomaton a(o);
+  ASSERT_TRUE(a.push(R"({"days": 2)"));
+  EXPECT_FALSE(a.accepts("}"));
+  EXPECT_TRUE(a.accepts(R"(, "city": "")" "}"));
+}
+
+TEST(JsonSchema, UndeclaredKeysFollowAdditionalPropertiesAndTypesCanBeLists) {
+  const auto open = with_schema(R"({"properties": {"a": {"type": ["integer", "null"]}}})");
+  EXPECT_TRUE(whole(R"({"a": null, "zz": [1, {"q": true}]})", open));
+  EXPECT_TRUE(whole(R"({"a": 7})", open));
+  EXPECT_FALSE(prefix_ok(R"({"a": "s")", open));
+  EXPECT_FALSE(prefix_ok(R"({"a": 1, "a")", open));  // a declared key once only
+  EXPECT_TRUE(whole("[1, \"x\"]", with_schema("{}")));  // no constraint at all
+  const auto str = with_schema(R"({"const": "a\"b"})");
+  EXPECT_TRUE(whole(R"("a\"b")", str));
+  EXPECT_FALSE(prefix_ok(R"("a")", str));
+  const auto none = with_schema(R"({"type": "object", "additionalProperties": false})");
+  EXPECT_TRUE(whole("{}", none));
+  EXPECT_FALSE(prefix_ok("{\"", none));
+}
+
+TEST(JsonSchema, UnenforcedKeywordsAreErrorsNamingThem) {
+  for (const auto& [schema, word] : std::vector<std::pair<const char*, const char*>>{
+           {R"({"anyOf": []})", "'anyOf'"}, {R"({"properties": {"a": {"minimum": 1}}})", "properties.a."},
+           {R"({"items": {"$ref": "#/x"}})", "'$ref'"}, {R"({"enum": [1, 2]})", "string values"},
+           {R"({"type": "str"})", "not a JSON Schema type"}, {R"({"additionalProperties": {}})", "true or false"},
+           {R"({"type": "integer", "enum": ["a"]})", "contradict"}}) {
+    auto r = JsonSchema::compile(json::parse(schema));
+    ASSERT_FALSE(r.ok()) << schema;
+    EXPECT_NE(r.status().message().find(word), std::string::npos) << r.status().message();
+  }
+  EXPECT_TRUE(JsonSchema::compile(json::parse(R"({"title": "t", "description": "d", "default": 1, "strict": true})")).ok());
 }
 
 TEST(JsonAutomaton, DepthWhitespaceAndTopLevelLimits) {
