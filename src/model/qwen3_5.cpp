@@ -124,8 +124,8 @@ Tensor Qwen35Model::decoder_layer(const LayerWeights& L, Tensor x) {
   const size_t mark = ops_.scratch_mark();
   Tensor h = act({T, H});
   ops_.rms_norm(x, L.input_norm, cfg_.rms_norm_eps, h);
-  ops_.add(x, L.type == LayerType::kLinearAttention ? gdn_block(L, h) : attention_block(L, h));
-  ops_.rms_norm(x, L.post_attn_norm, cfg_.rms_norm_eps, h);
+  Tensor mixed = L.type == LayerType::kLinearAttention ? gdn_block(L, h) : attention_block(L, h);
+  ops_.add_rms_norm(x, mixed, L.post_attn_norm, cfg_.rms_norm_eps, h);
   ops_.add(x, mlp_block(L.mlp, h));
   ops_.scratch_release(mark);
   return x;

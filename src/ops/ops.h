@@ -113,6 +113,12 @@ class Ops {
   }
   // x act [R, D] += y act [R, D]
   virtual void add(Tensor x, Tensor y) = 0;
+  // x += y, then out = rms_norm(x) (of the sum as stored in act): the residual add and the next
+  // pre-norm in one pass where a backend fuses them. x, y, out act [R, D]; w f32 [D]
+  virtual void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) {
+    add(x, y);
+    rms_norm(x, w, eps, out);
+  }
   // out act [T, I] = silu(gate) * up; gate, up act [T, I]
   virtual void silu_mul(Tensor gate, Tensor up, Tensor out) = 0;
   // out act [n_out, H] = x[plan.logit_rows]; x act [T, H]

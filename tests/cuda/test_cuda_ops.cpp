@@ -75,7 +75,7 @@ StepPlan make_plan(const std::vector<int>& lens, const std::vector<int>& past, i
 }
 
 TEST_F(CudaOpsTest, NormsAndElementwise) {
-  for (auto [R, D] : std::vector<std::pair<int, int>>{{1, 64}, {63, 200}, {500, 96}}) {
+  for (auto [R, D] : std::vector<std::pair<int, int>>{{1, 64}, {63, 200}, {500, 96}, {3, 5120}, {2, 44}}) {
     auto x = both(random_bf16(R * D, rng), {R, D});
     auto w = both(random_bf16(D, rng, 0.5f), {D}, true);
     auto out = outputs({R, D});
@@ -100,6 +100,11 @@ TEST_F(CudaOpsTest, NormsAndElementwise) {
     cpu.add(prod.first, x.first);
     gpu->add(prod.second, x.second);
     expect_close(prod, 1e-2, "add");
+    auto normed = outputs({R, D});
+    cpu.add_rms_norm(prod.first, y.first, w.first, 1e-6f, normed.first);
+    gpu->add_rms_norm(prod.second, y.second, w.second, 1e-6f, normed.second);
+    expect_close(prod, 1e-2, "add_rms_norm_sum");
+    expect_close(normed, 1e-2, "add_rms_norm");
     auto cat = outputs({R, 2 * D});
     cpu.concat_cols(x.first, y.first, cat.first);
     gpu->concat_cols(x.second, y.second, cat.second);

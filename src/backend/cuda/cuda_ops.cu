@@ -452,6 +452,14 @@ void CudaOps::add(Tensor x, Tensor y) {
   cuda::launch_add(B(x), B(y), x.numel(), impl_->stream);
 }
 
+void CudaOps::add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) {
+  expect_f32(w, "add_rms_norm weight");
+  DS_ASSERT(x.numel() == y.numel() && x.numel() == out.numel(), "add_rms_norm shapes");
+  const int D = static_cast<int>(w.numel());
+  if (!cuda::launch_add_rms_norm(B(x), B(y), F(w), B(out), static_cast<int>(x.numel() / D), D, eps, impl_->stream))
+    Ops::add_rms_norm(x, y, w, eps, out);  // two passes
+}
+
 void CudaOps::silu_mul(Tensor gate, Tensor up, Tensor out) {
   cuda::launch_silu_mul(B(gate), B(up), B(out), out.numel(), impl_->stream);
 }

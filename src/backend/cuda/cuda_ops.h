@@ -60,6 +60,7 @@ class CudaOps final : public Ops {
   bool supports_w4a16() const override { return true; }
   void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) override;
   void add(Tensor x, Tensor y) override;
+  void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
   void gather_rows(Tensor x, Tensor out) override;
   void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;

@@ -74,6 +74,53 @@ __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* z, const float* w
   }
 }
 
+// x += y (rounded to bf16 as stored), then out = rms_norm(x) * w, in one pass: the sum is kept
+// in registers between the two. Row layout as rms_norm_vec_kernel.
+template <bool kWarpRow>
+__global__ void add_rms_norm_vec_kernel(bf16* x, const bf16* y, const float* w, bf16* out, int R, int D, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = kWarpRow ? int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
+  const int tid = kWarpRow ? lane : threadIdx.x, nthr = kWarpRow ? 32 : blockDim.x;
+  if (r >= R) return;
+  const int nv = D / 8;
+  uint4* xr = reinterpret_cast<uint4*>(x + r * D);
+  const uint4* yr = reinterpret_cast<const uint4*>(y + r * D);
+  uint4 v[kMaxVec];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int c = tid + k * nthr;
+    if (c < nv) {
+      float a[8], b[8];
+      unpack8(xr[c], a);
+      unpack8(yr[c], b);
+      bf16* sb = reinterpret_cast<bf16*>(&v[k]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        sb[e] = to_bf16(a[e] + b[e]);
+        const float f = to_f32(sb[e]);
+        ss += f * f;
+      }
+      xr[c] = v[k];
+    }
+  }
+  ss = kWarpRow ? warp_sum(ss) : block_sum(ss);
+  const float inv = rsqrtf(ss / D + eps);
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int c = tid + k * nthr;
+    if (c < nv) {
+      float f[8];
+      unpack8(v[k], f);
+      uint4 o;
+      bf16* ob = reinterpret_cast<bf16*>(&o);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) ob[e] = to_bf16(f[e] * inv * w[8 * c + e]);
+      reinterpret_cast<uint4*>(out + r * D)[c] = o;
+    }
+  }
+}
+
 // The vector kernels need D % 8 == 0, 16-byte aligned rows and at most kMaxVec vectors per thread.
 template <class... P>
 bool vec_ok(int D, const P*... ptrs) {
@@ -229,6 +276,20 @@ void launch_rms_norm(const bf16* x, const float* w, bf16* out, int R, int D, flo
   if (vec_ok(D, x, out)) launch_norm<false>(x, nullptr, w, out, R, D, eps, false, s);
   else rms_norm_kernel<<<R, D >= 512 ? 256 : 128, 0, s>>>(x, w, out, D, eps);
   cuda_check_launch("rms_norm", s);
+}
+
+bool launch_add_rms_norm(bf16* x, const bf16* y, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
+  if (R == 0) return true;
+  if (!vec_ok(D, x, y, out)) return false;
+  const int nv = D / 8;
+  if (nv <= 32 * kMaxVec) {
+    add_rms_norm_vec_kernel<true><<<(R + 3) / 4, 128, 0, s>>>(x, y, w, out, R, D, eps);
+  } else {
+    const int threads = std::min(1024, ((nv + 31) / 32) * 32);
+    add_rms_norm_vec_kernel<false><<<R, threads, 0, s>>>(x, y, w, out, R, D, eps);
+  }
+  cuda_check_launch("add_rms_norm", s);
+  return true;
 }
 
 void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,

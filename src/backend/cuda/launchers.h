@@ -18,6 +18,9 @@ using bf16 = __nv_bfloat16;
 void launch_embedding(const bf16* table, const int32_t* ids, bf16* out, int T, int H, cudaStream_t s);
 // out bf16 [R, D] = x / rms(x) * w; w f32 [D]; may run in place
 void launch_rms_norm(const bf16* x, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s);
+// x bf16 [R, D] += y, then out bf16 [R, D] = rms_norm(x) * w in one pass; false (nothing
+// launched) when the shape or alignment does not suit the vector kernel
+bool launch_add_rms_norm(bf16* x, const bf16* y, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s);
 // out bf16 [R, D] = w * (x / rms(x)) * act(z); act = sigmoid or silu
 void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,
                            bool sigmoid_gate, cudaStream_t s);
