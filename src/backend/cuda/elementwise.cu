@@ -94,14 +94,16 @@ __global__ void add_rms_norm_vec_kernel(bf16* x, const bf16* y, const float* w, 
       float a[8], b[8];
       unpack8(xr[c], a);
       unpack8(yr[c], b);
-      bf16* sb = reinterpret_cast<bf16*>(&v[k]);
+      uint4 sum;
+      bf16* sb = reinterpret_cast<bf16*>(&sum);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         sb[e] = to_bf16(a[e] + b[e]);
         const float f = to_f32(sb[e]);
         ss += f * f;
       }
-      xr[c] = v[k];
+      v[k] = sum;
+      xr[c] = sum;
     }
   }
   ss = kWarpRow ? warp_sum(ss) : block_sum(ss);
