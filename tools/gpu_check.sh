@@ -4,6 +4,8 @@
 # full logs under $OUT, and prints a short table last.
 #   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
 #   there:  tools/gpu_check.sh                 (carry .devbuild)
+# A device command may run 600 s at most: run the serving benchmark (gpu_serve_bench.sh) and
+# the soak (gpu_soak.sh, two calls) as commands of their own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
