@@ -140,6 +140,15 @@ bool JsonAutomaton::step(uint8_t c) {
     return true;
   }
   if (between) ws_run_ = 0;
+  // Inside a string, every byte but the closing quote (escapes included) must keep a declared
+  // key or an enum value possible.
+  const bool in_string = s_ == S::kString || s_ == S::kEscape || s_ == S::kUnicode || s_ == S::kLowBackslash ||
+                         s_ == S::kLowU;
+  const bool closing_quote = s_ == S::kString && c == '"' && utf8_left_ == 0;
+  if (o_.schema && in_string && !closing_quote) {
+    str_.push_back(static_cast<char>(c));
+    if (!string_ok(/*closing=*/false)) return false;
+  }
   switch (s_) {
     case S::kValue: return start_value(c);
     case S::kArrayFirst:
@@ -192,7 +201,7 @@ bool JsonAutomaton::step(uint8_t c) {
       return false;
     case S::kDone: return false;
     case S::kString:
-      if (c == '"' && utf8_left_ == 0) {  // the closing quote
+      if (closing_quote) {
         if (!string_ok(/*closing=*/true)) return false;
         if (in_key_) {
           key_prop_ = -1;
@@ -208,10 +217,6 @@ bool JsonAutomaton::step(uint8_t c) {
           end_value();
         }
         return true;
-      }
-      if (o_.schema) {  // every byte of a string (escapes included) must keep a key / enum possible
-        str_.push_back(static_cast<char>(c));
-        if (!string_ok(/*closing=*/false)) return false;
       }
       if (utf8_left_ > 0) {
         if (c < utf8_lo_ || c > utf8_hi_) return false;
@@ -237,10 +242,6 @@ bool JsonAutomaton::step(uint8_t c) {
       else return false;
       return true;
     case S::kEscape:
-      if (o_.schema) {
-        str_.push_back(static_cast<char>(c));
-        if (!string_ok(/*closing=*/false)) return false;
-      }
       if (c == 'u') {
         s_ = S::kUnicode;
         hex_left_ = 4;
@@ -254,10 +255,6 @@ bool JsonAutomaton::step(uint8_t c) {
         default: return false;
       }
     case S::kUnicode: {
-      if (o_.schema) {
-        str_.push_back(static_cast<char>(c));
-        if (!string_ok(/*closing=*/false)) return false;
-      }
       const int h = hex_value(c);
       if (h < 0) return false;
       code_ = code_ * 16 + static_cast<uint32_t>(h);
@@ -276,18 +273,10 @@ bool JsonAutomaton::step(uint8_t c) {
       return true;
     }
     case S::kLowBackslash:
-      if (o_.schema) {
-        str_.push_back(static_cast<char>(c));
-        if (!string_ok(/*closing=*/false)) return false;
-      }
       if (c != '\\') return false;
       s_ = S::kLowU;
       return true;
     case S::kLowU:
-      if (o_.schema) {
-        str_.push_back(static_cast<char>(c));
-        if (!string_ok(/*closing=*/false)) return false;
-      }
       if (c != 'u') return false;
       s_ = S::kUnicode;
       hex_left_ = 4;
