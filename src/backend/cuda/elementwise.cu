@@ -30,15 +30,21 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float* f) {
   for (int e = 0; e < 8; ++e) f[e] = to_f32(b[e]);
 }
 
-template <bool kWarpRow, bool kGated>
-__global__ void rms_norm_vec_kernel(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,
-                                    bool sigmoid_gate) {
+// What the vector norm kernel does around the RMSNorm: nothing, gate the output by act(aux)
+// (aux = z), or first add aux to x and store the sum to `sum` (aux = y, sum = x for the in-place
+// residual add; the norm is of the bf16 sum as stored).
+enum class NormKind { kPlain, kGated, kAdd };
+
+template <bool kWarpRow, NormKind kKind>
+__global__ void rms_norm_vec_kernel(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16* out, int R, int D,
+                                    float eps, bool sigmoid_gate) {
   const int lane = threadIdx.x & 31;
   const int64_t r = kWarpRow ? int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
   const int tid = kWarpRow ? lane : threadIdx.x, nthr = kWarpRow ? 32 : blockDim.x;
   if (r >= R) return;  // whole warps (kWarpRow) or the whole block leave together
   const int nv = D / 8;
   const uint4* xr = reinterpret_cast<const uint4*>(x + r * D);
+  const uint4* ar = reinterpret_cast<const uint4*>(aux + r * D);
   uint4 v[kMaxVec];
   float ss = 0.f;
 #pragma unroll
@@ -46,6 +52,17 @@ __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* z, const float* w
     const int c = tid + k * nthr;
     if (c < nv) {
       v[k] = xr[c];
+      if constexpr (kKind == NormKind::kAdd) {
+        float a[8], b[8];
+        unpack8(v[k], a);
+        unpack8(ar[c], b);
+        uint4 sv;
+        bf16* sb = reinterpret_cast<bf16*>(&sv);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) sb[e] = to_bf16(a[e] + b[e]);
+        v[k] = sv;
+        reinterpret_cast<uint4*>(sum + r * D)[c] = sv;
+      }
       float f[8];
       unpack8(v[k], f);
 #pragma unroll
@@ -60,64 +77,15 @@ __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* z, const float* w
     if (c < nv) {
       float f[8], gz[8];
       unpack8(v[k], f);
-      if constexpr (kGated) unpack8(reinterpret_cast<const uint4*>(z + r * D)[c], gz);
+      if constexpr (kKind == NormKind::kGated) unpack8(ar[c], gz);
       uint4 o;
       bf16* ob = reinterpret_cast<bf16*>(&o);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         float y = f[e] * inv * w[8 * c + e];
-        if constexpr (kGated) y *= sigmoid_gate ? sigmoid_f(gz[e]) : silu_f(gz[e]);
+        if constexpr (kKind == NormKind::kGated) y *= sigmoid_gate ? sigmoid_f(gz[e]) : silu_f(gz[e]);
         ob[e] = to_bf16(y);
       }
-      reinterpret_cast<uint4*>(out + r * D)[c] = o;
-    }
-  }
-}
-
-// x += y (rounded to bf16 as stored), then out = rms_norm(x) * w, in one pass: the sum is kept
-// in registers between the two. Row layout as rms_norm_vec_kernel.
-template <bool kWarpRow>
-__global__ void add_rms_norm_vec_kernel(bf16* x, const bf16* y, const float* w, bf16* out, int R, int D, float eps) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = kWarpRow ? int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
-  const int tid = kWarpRow ? lane : threadIdx.x, nthr = kWarpRow ? 32 : blockDim.x;
-  if (r >= R) return;
-  const int nv = D / 8;
-  uint4* xr = reinterpret_cast<uint4*>(x + r * D);
-  const uint4* yr = reinterpret_cast<const uint4*>(y + r * D);
-  uint4 v[kMaxVec];
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < kMaxVec; ++k) {
-    const int c = tid + k * nthr;
-    if (c < nv) {
-      float a[8], b[8];
-      unpack8(xr[c], a);
-      unpack8(yr[c], b);
-      uint4 sum;
-      bf16* sb = reinterpret_cast<bf16*>(&sum);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        sb[e] = to_bf16(a[e] + b[e]);
-        const float f = to_f32(sb[e]);
-        ss += f * f;
-      }
-      v[k] = sum;
-      xr[c] = sum;
-    }
-  }
-  ss = kWarpRow ? warp_sum(ss) : block_sum(ss);
-  const float inv = rsqrtf(ss / D + eps);
-#pragma unroll
-  for (int k = 0; k < kMaxVec; ++k) {
-    const int c = tid + k * nthr;
-    if (c < nv) {
-      float f[8];
-      unpack8(v[k], f);
-      uint4 o;
-      bf16* ob = reinterpret_cast<bf16*>(&o);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) ob[e] = to_bf16(f[e] * inv * w[8 * c + e]);
       reinterpret_cast<uint4*>(out + r * D)[c] = o;
     }
   }
@@ -130,15 +98,15 @@ bool vec_ok(int D, const P*... ptrs) {
   return D % 8 == 0 && D <= 8 * 1024 * kMaxVec && aligned;
 }
 
-template <bool kGated>
-void launch_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps, bool sigmoid_gate,
-                 cudaStream_t s) {
+template <NormKind kKind>
+void launch_norm(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16* out, int R, int D, float eps,
+                 bool sigmoid_gate, cudaStream_t s) {
   const int nv = D / 8;
   if (nv <= 32 * kMaxVec) {
-    rms_norm_vec_kernel<true, kGated><<<(R + 3) / 4, 128, 0, s>>>(x, z, w, out, R, D, eps, sigmoid_gate);
+    rms_norm_vec_kernel<true, kKind><<<(R + 3) / 4, 128, 0, s>>>(x, aux, sum, w, out, R, D, eps, sigmoid_gate);
   } else {
     const int threads = std::min(1024, ((nv + 31) / 32) * 32);
-    rms_norm_vec_kernel<false, kGated><<<R, threads, 0, s>>>(x, z, w, out, R, D, eps, sigmoid_gate);
+    rms_norm_vec_kernel<false, kKind><<<R, threads, 0, s>>>(x, aux, sum, w, out, R, D, eps, sigmoid_gate);
   }
 }
 
@@ -275,7 +243,7 @@ void launch_embedding(const bf16* table, const int32_t* ids, bf16* out, int T, i
 
 void launch_rms_norm(const bf16* x, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
   if (R == 0) return;
-  if (vec_ok(D, x, out)) launch_norm<false>(x, nullptr, w, out, R, D, eps, false, s);
+  if (vec_ok(D, x, out)) launch_norm<NormKind::kPlain>(x, nullptr, nullptr, w, out, R, D, eps, false, s);
   else rms_norm_kernel<<<R, D >= 512 ? 256 : 128, 0, s>>>(x, w, out, D, eps);
   cuda_check_launch("rms_norm", s);
 }
@@ -283,13 +251,7 @@ void launch_rms_norm(const bf16* x, const float* w, bf16* out, int R, int D, flo
 bool launch_add_rms_norm(bf16* x, const bf16* y, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
   if (R == 0) return true;
   if (!vec_ok(D, x, y, out)) return false;
-  const int nv = D / 8;
-  if (nv <= 32 * kMaxVec) {
-    add_rms_norm_vec_kernel<true><<<(R + 3) / 4, 128, 0, s>>>(x, y, w, out, R, D, eps);
-  } else {
-    const int threads = std::min(1024, ((nv + 31) / 32) * 32);
-    add_rms_norm_vec_kernel<false><<<R, threads, 0, s>>>(x, y, w, out, R, D, eps);
-  }
+  launch_norm<NormKind::kAdd>(x, y, x, w, out, R, D, eps, false, s);
   cuda_check_launch("add_rms_norm", s);
   return true;
 }
@@ -297,7 +259,8 @@ bool launch_add_rms_norm(bf16* x, const bf16* y, const float* w, bf16* out, int 
 void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,
                            bool sigmoid_gate, cudaStream_t s) {
   if (R == 0) return;
-  if (vec_ok(D, x, z, out)) launch_norm<true>(x, z, w, out, R, D, eps, sigmoid_gate, s);
+  if (vec_ok(D, x, z, out))
+    launch_norm<NormKind::kGated>(x, z, nullptr, w, out, R, D, eps, sigmoid_gate, s);
   else gated_rms_norm_kernel<<<R, D >= 256 ? 128 : 64, 0, s>>>(x, z, w, out, D, eps, sigmoid_gate);
   cuda_check_launch("gated_rms_norm", s);
 }
