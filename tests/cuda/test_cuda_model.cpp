@@ -118,17 +118,23 @@ TEST_P(CudaModel, ChunkedPrefillMatchesOnePiece) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(fixture_names()));
 
+// The held-out prompt of the demo model's reference (tests/data/demo_reference); empty if missing.
+std::vector<int32_t> demo_prompt() {
+  std::ifstream in(fixture_dir("demo_reference") + "/reference.json");
+  if (!in.good()) return {};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::json::parse(ss.str())["sequences"][0]["prompt_ids"].get<std::vector<int32_t>>();
+}
+
 // The trained demo model (models/qwen3_5-demo) on a held-out prompt: CUDA logits against the
 // fp32 CPU reference (itself within 1e-5 of transformers), judged like the fixtures against
 // the bf16 baseline; greedy agreement over 32 tokens reported as a figure.
 TEST(CudaDemoModel, LogitsWithinBf16OfReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   const std::string model = "../../models/qwen3_5-demo";  // relative to tests/data
-  std::ifstream in(fixture_dir("demo_reference") + "/reference.json");
-  ASSERT_TRUE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const auto prompt = nlohmann::json::parse(ss.str())["sequences"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> prompt = demo_prompt();
+  ASSERT_FALSE(prompt.empty());
   const int n = static_cast<int>(prompt.size());
   Engine cpu = make_engine(model);
   Engine cpu_bf16 = make_engine(model, 4, 64, 16, /*bf16_activations=*/true);
@@ -151,11 +157,8 @@ TEST(CudaDemoModel, LogitsWithinBf16OfReference) {
 TEST(CudaDemoModel, Int8VocabWithinBf16OfCpuTwin) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   const std::string model = "../../models/qwen3_5-demo";  // relative to tests/data
-  std::ifstream in(fixture_dir("demo_reference") + "/reference.json");
-  ASSERT_TRUE(in.good());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const auto prompt = nlohmann::json::parse(ss.str())["sequences"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> prompt = demo_prompt();
+  ASSERT_FALSE(prompt.empty());
   const int n = static_cast<int>(prompt.size());
   Engine cpu = make_engine(model, 4, 64, 16, /*bf16_activations=*/false, /*int8_vocab=*/true);
   Engine cpu_bf16 = make_engine(model, 4, 64, 16, /*bf16_activations=*/true, /*int8_vocab=*/true);
