@@ -84,7 +84,7 @@ void register_serve_commands(CLI::App& app) {
   s->add_option("--block-size", o->block_size, "tokens per KV block")->capture_default_str();
   s->add_option("--gpu-memory", o->gpu_memory_gib,
                 "GiB the process may use on the device (weights, scratch, runtime context, a reserve for graphs, state slots, KV); sizes the KV pool");
-  s->add_option("--max-waiting", o->max_waiting, "queued requests before 429")->capture_default_str();
+  s->add_option("--max-waiting", o->max_waiting, "requests held beyond --max-num-seqs before 429")->capture_default_str();
   s->add_option("--max-body-bytes", o->max_body_bytes, "request body size limit")->capture_default_str();
   s->add_option("--request-timeout", o->request_timeout_s, "per-request deadline in seconds")->capture_default_str();
   auto config = std::make_shared<std::string>();

@@ -105,6 +105,7 @@ void Engine::stop() {
   running_ = false;
   for (auto& r : incoming_) r->stream->finish(FinishReason::kError, Status(ErrorCode::kUnsupported, "the server is shutting down"));
   incoming_.clear();
+  n_held_ = 0;  // the engine thread has finished every request it held
 }
 
 Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest g) {
@@ -138,10 +139,13 @@ Result<std::shared_ptr<RequestStream>> Engine::submit(GenerationRequest g) {
 
   std::lock_guard lk(mu_);
   if (!running_ || stop_) return Status(ErrorCode::kUnsupported, "the engine is not running");
-  if (static_cast<int>(incoming_.size()) + metrics_.n_waiting >= options_.max_waiting)
+  // Counted from the requests held, not from the scheduler's gauges: those lag a step behind,
+  // and a request not yet picked up by the engine thread would otherwise count as waiting.
+  if (n_held_ >= options_.max_num_seqs + options_.max_waiting)
     return Status(ErrorCode::kResourceExhausted, "the server is overloaded: " + std::to_string(options_.max_waiting) +
                                                      " requests are already waiting");
   r->arrival = next_arrival_++;
+  n_held_++;
   incoming_.push_back(std::move(r));
   cv_.notify_all();
   return stream;
@@ -169,6 +173,7 @@ void Engine::finish(Req* r, FinishReason reason, Status error) {
   {
     std::lock_guard lk(mu_);
     metrics_.requests_finished_total[static_cast<int>(reason)]++;
+    n_held_--;
     if (r->n_generated() >= 2)
       metrics_.tpot.observe(std::chrono::duration<double>(r->t_last - r->t_first).count() / (r->n_generated() - 1));
   }

@@ -82,7 +82,7 @@ class RequestStream {
 struct EngineOptions {
   int max_num_seqs = 64;
   int max_step_tokens = 256;
-  int max_waiting = 256;        // queued (not yet admitted) requests before submit says 429
+  int max_waiting = 256;        // requests held beyond max_num_seqs before submit says 429
   int max_model_len = 4096;     // prompt + generated tokens
   std::vector<int32_t> eos_ids;
 };
@@ -117,9 +117,10 @@ class Engine {
   Scheduler sched_;
   std::thread thread_;
 
-  mutable std::mutex mu_;            // guards incoming_, stop_, metrics_
+  mutable std::mutex mu_;            // guards incoming_, n_held_, stop_, metrics_
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Req>> incoming_;
+  int n_held_ = 0;  // accepted and not yet finished: incoming_ plus reqs_
   bool stop_ = false;
   bool running_ = false;
   std::atomic<int> n_queued_{0};     // submitted and not yet admitted to a slot

@@ -30,7 +30,7 @@ struct ServeOptions {
   int kv_blocks = 0;              // 0: max_num_seqs * max_model_len / 4 tokens' worth, at least one full context
   double gpu_memory_gib = 0;      // > 0: one byte budget for weights, scratch, state slots and KV (sizes the KV pool)
   int block_size = 16;
-  int max_waiting = 64;           // queued requests before 429
+  int max_waiting = 64;           // requests held beyond max_num_seqs before 429
   size_t max_body_bytes = 8u << 20;
   double request_timeout_s = 600; // per-request deadline
 };

@@ -198,10 +198,11 @@ TEST(Scheduler, BudgetDecodeFirstAndPreemptionByRecompute) {
 struct Served {
   test::Engine e;
   std::unique_ptr<Engine> engine;
-  Served(int n_slots, int n_blocks, int step_tokens, int block_size = 16) {
+  Served(int n_slots, int n_blocks, int step_tokens, int block_size = 16, int max_waiting = 256) {
     e = test::make_engine("tiny_wrapper_long", n_slots, n_blocks, block_size);
     EngineOptions o;
     o.max_num_seqs = n_slots;
+    o.max_waiting = max_waiting;
     o.max_step_tokens = step_tokens;
     o.max_model_len = n_blocks * block_size;
     engine = std::make_unique<Engine>(*e.runner, o);
@@ -338,11 +339,31 @@ TEST(Engine, CancelFreesTheSlotAndDeadlineEndsTheRequest) {
   EXPECT_LT(o.tokens.size(), 900u);
 }
 
-TEST(Engine, RejectsBadRequestsAndOverload) {
+TEST(Engine, RejectsBadRequests) {
   Served s(1, 8, 64);
   EXPECT_EQ(s.engine->submit(greedy({}, 4)).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(s.engine->submit(greedy({400}, 4)).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(s.engine->submit(greedy({1, 2, 3}, 200)).status().code(), ErrorCode::kOutOfRange);
+}
+
+// One seat and one waiting place: the second request is held however far the engine thread has
+// got with the first (queued, scheduled or running), the third is turned away, and a place
+// opens again once a request ends.
+TEST(Engine, OverloadCountsHeldRequestsBeyondTheSeats) {
+  Served s(1, 8, 64, 16, /*max_waiting=*/1);
+  auto a = s.engine->submit(greedy({1, 2, 3}, 100));
+  auto b = s.engine->submit(greedy({4, 5, 6}, 100));
+  ASSERT_TRUE(a.ok()) << a.status().message();
+  ASSERT_TRUE(b.ok()) << b.status().message();
+  auto c = s.engine->submit(greedy({7, 8}, 4));
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), ErrorCode::kResourceExhausted);
+  a.value()->cancel();
+  EXPECT_EQ(drain(*a.value()).finish, FinishReason::kCancelled);
+  auto d = s.engine->submit(greedy({7, 8}, 4));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(drain(*b.value()).tokens.size(), 100u);
+  EXPECT_EQ(drain(*d.value()).tokens.size(), 4u);
 }
 
 }  // namespace
