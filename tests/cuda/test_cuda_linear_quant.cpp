@@ -1,5 +1,5 @@
-// Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 16) and the dequantise
-// + cuBLAS path on weights repacked by prepare_weight (signed scales, N not a multiple of 16,
+// Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 128, each main loop) and
+// the dequantise + cuBLAS path on weights repacked by prepare_weight (signed scales, N not a multiple of 16,
 // groups 64/128/256, and group 32, which is stored dequantised); the int8 group-128 lm_head
 // (GEMV for T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against
 // CpuOps' int8 twin. Timing figures at the Qwen3.8-27B shapes. Skipped where there is no GPU.
@@ -17,6 +17,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "cuda/cuda_test_util.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/launchers.h"
 #include "ops/int8_rows.h"
 
 namespace ds {
@@ -94,7 +95,18 @@ W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group) {
   return c;
 }
 
+// Every GEMV main loop at every token count the GEMV takes (one launch, NT 1/2/4 and 32-token
+// slices), then the dequantise + cuBLAS path once (T 200).
+std::vector<std::pair<cuda::GemvLoop, int>> loops_and_tokens() {
+  std::vector<std::pair<cuda::GemvLoop, int>> v;
+  for (auto loop : {cuda::GemvLoop::kRegisters, cuda::GemvLoop::kAsync4, cuda::GemvLoop::kAsync8})
+    for (int T : {1, 2, 7, 8, 9, 16, 17, 100}) v.emplace_back(loop, T);
+  v.emplace_back(cuda::GemvLoop::kRegisters, 200);
+  return v;
+}
+
 TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
+  const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
   struct Shape {
     int N, K, group;
   };
@@ -104,7 +116,8 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
     if (sh.group == 32) EXPECT_FALSE(c.gpu_w.quantized()) << "group 32 is stored dequantised";
     else EXPECT_EQ(c.gpu_w.format, WeightFormat::kW4A16Tiled);
     Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {sh.N, sh.K}, DType::kF32);
-    for (int T : {1, 2, 7, 8, 9, 16, 17, 100}) {
+    for (auto [loop, T] : loops_and_tokens()) {
+      cuda::set_w4a16_gemv_loop(loop);
       std::vector<float> x = random_bf16(size_t(T) * sh.K, rng);
       Tensor xc = cpu.upload(x.data(), DType::kF32, {T, sh.K}, DType::kF32);
       Tensor xg = gpu->upload(x.data(), DType::kF32, {T, sh.K}, DType::kBF16);
@@ -115,9 +128,10 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
       const std::vector<float> got = download(og);
       const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
-                               std::to_string(sh.group) + " T" + std::to_string(T);
+                               std::to_string(sh.group) + " T" + std::to_string(T) + " loop " +
+                               std::to_string(static_cast<int>(loop));
       EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
-      if (c.gpu_w.quantized() && T <= 16) {  // the GEMV is deterministic (split-K sums in a fixed order)
+      if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
         gpu->linear_quantized(xg, c.gpu_w, og);
         EXPECT_EQ(download(og), got) << what << " repeated";
       }
@@ -125,6 +139,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       cpu.reset_scratch();
     }
   }
+  cuda::set_w4a16_gemv_loop(loop_before);
 }
 
 TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
@@ -182,14 +197,23 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
 TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
   struct Linear {
     const char* name;
-    int N, K, per_step;  // calls per decode step (48 GDN layers, 16 attention layers)
+    int N, K;
+    int per_step;  // calls per decode step (48 GDN layers, 16 attention layers)
+    int layout;    // 1: separate linears only, 2: fused linears only (Ops::linear_parts), 3: both
   };
   const std::vector<Linear> linears = {
-      {"gdn in_proj_qkv", 10240, 5120, 48}, {"gdn in_proj_z", 6144, 5120, 48}, {"gdn out_proj", 5120, 6144, 48},
-      {"attn q_proj", 12288, 5120, 16},     {"attn k/v_proj", 1024, 5120, 32}, {"attn o_proj", 5120, 6144, 16},
-      {"mlp gate/up", 17408, 5120, 128},    {"mlp down", 5120, 17408, 64}};
+      {"gdn in_proj_qkv", 10240, 5120, 48, 1},  {"gdn in_proj_z", 6144, 5120, 48, 1},
+      {"gdn in_proj_qkvz", 16384, 5120, 48, 2}, {"gdn out_proj", 5120, 6144, 48, 3},
+      {"attn q_proj", 12288, 5120, 16, 1},      {"attn k/v_proj", 1024, 5120, 32, 1},
+      {"attn qkv", 14336, 5120, 16, 2},         {"attn o_proj", 5120, 6144, 16, 3},
+      {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
+      {"mlp down", 5120, 17408, 64, 3}};
+  const std::vector<std::pair<cuda::GemvLoop, const char*>> loops = {
+      {cuda::GemvLoop::kRegisters, "regs"}, {cuda::GemvLoop::kAsync4, "async4"}, {cuda::GemvLoop::kAsync8, "async8"}};
+  const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
   const int reps = 50;
-  double step_us[2] = {0, 0}, step_bytes = 0;
+  // step_us[loop][fused][T == 8]
+  double step_us[3][2][2] = {}, step_bytes[2] = {0, 0};
   for (const Linear& l : linears) {
     const double bytes = double(l.N) * l.K / 2 + double((l.N + 15) / 16 * 16) * (l.K / 128) * 4;
     const int copies = std::max(2, static_cast<int>(std::ceil(256e6 / bytes)));
@@ -202,25 +226,34 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       ws[i].group_size = 128;
       gpu->prepare_weight(ws[i], WeightRole::kLinear);
     }
-    step_bytes += bytes * l.per_step;
-    for (int T : {1, 8, 16, 17, 512}) {
-      if (T > 16 && std::string(l.name) != "mlp gate/up") continue;  // prefill path: one shape
-      Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
-      gpu->fill_random(x, 0.f, 1.f, 300);
-      Tensor out = gpu->alloc(DType::kBF16, {T, l.N});
-      const double us = time_us(reps, [&](int i) { gpu->linear_quantized(x, ws[i % copies], out); });
-      const double gbps = bytes / us * 1e-3;
-      std::printf("[figure] w4a16 N=%d K=%d T=%d (%s): %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n", l.N, l.K, T, l.name,
-                  us, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
-      if (T == 1) step_us[0] += us * l.per_step;
-      if (T == 8) step_us[1] += us * l.per_step;
+    for (int f = 0; f < 2; ++f)
+      if (l.layout & (1 << f)) step_bytes[f] += bytes * l.per_step;
+    for (size_t li = 0; li < loops.size(); ++li) {
+      cuda::set_w4a16_gemv_loop(loops[li].first);
+      for (int T : {1, 8, 16, 17, 512}) {
+        if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // prefill path: one shape
+        Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
+        gpu->fill_random(x, 0.f, 1.f, 300);
+        Tensor out = gpu->alloc(DType::kBF16, {T, l.N});
+        const double us = time_us(reps, [&](int i) { gpu->linear_quantized(x, ws[i % copies], out); });
+        const double gbps = bytes / us * 1e-3;
+        std::printf("[figure] w4a16 %s N=%d K=%d T=%d (%s): %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+                    loops[li].second, l.N, l.K, T, l.name, us, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+        for (int f = 0; f < 2; ++f)
+          if ((l.layout & (1 << f)) && (T == 1 || T == 8)) step_us[li][f][T == 8] += us * l.per_step;
+      }
     }
   }
-  for (int i = 0; i < 2; ++i)
-    std::printf("[figure] w4a16 27B decode-step linears at T=%d (sum over the 64 layers, no lm_head): %.3f ms for "
-                "%.2f GB, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
-                i == 0 ? 1 : 8, step_us[i] * 1e-3, step_bytes * 1e-9, step_bytes / step_us[i] * 1e-3,
-                100 * step_bytes / step_us[i] * 1e-3 / kCopyGbps, kCopyGbps);
+  cuda::set_w4a16_gemv_loop(loop_before);
+  for (size_t li = 0; li < loops.size(); ++li)
+    for (int f = 0; f < 2; ++f)
+      for (int i = 0; i < 2; ++i) {
+        const double us = step_us[li][f][i];
+        std::printf("[figure] w4a16 %s 27B decode-step linears, %s, at T=%d (sum over the 64 layers, no lm_head): "
+                    "%.3f ms for %.2f GB, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+                    loops[li].second, f ? "fused" : "separate", i == 0 ? 1 : 8, us * 1e-3, step_bytes[f] * 1e-9,
+                    step_bytes[f] / us * 1e-3, 100 * step_bytes[f] / us * 1e-3 / kCopyGbps, kCopyGbps);
+      }
 
   // int8 lm_head [248320, 5120], quantised on the GPU from random bf16.
   const int V = 248320, H = 5120;

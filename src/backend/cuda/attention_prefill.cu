@@ -12,6 +12,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace ds::cuda {
 
@@ -34,41 +35,6 @@ constexpr int prefill_smem_bytes() {
 template <int HD>
 __device__ __forceinline__ int swz(int row, int chunk) {
   return row * HD + ((chunk ^ (row & 7)) << 3);
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; when !valid nothing is read and zeros are written.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// c f32 [16, 8] += a bf16 [16, 16] (row major) . b bf16 [16, 8] (column major)
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Two floats as bf16x2, `lo` in the low half (the lower column of an mma fragment).
@@ -128,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
     const bool valid = row < rows;
     const bf16* src = valid ? q + (int64_t(seq_start + r0 + row) * nH + h) * HD + ch * 8 : q;
-    cp_async16(smem_addr(sQ + swz<HD>(row, ch)), src, valid);
+    cp_async16(smem_u32(sQ + swz<HD>(row, ch)), src, valid);
   }
   // K/V tile `kt` into stage `stage` (zeros for keys >= n_keys: they are masked below).
   auto load_kv = [&](int kt, int stage) {
@@ -142,8 +108,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       int64_t off = 0;
       if (valid) off = ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
       const int dst = swz<HD>(row, ch);
-      cp_async16(smem_addr(dk + dst), k_cache + off, valid);
-      cp_async16(smem_addr(dv + dst), v_cache + off, valid);
+      cp_async16(smem_u32(dk + dst), k_cache + off, valid);
+      cp_async16(smem_u32(dv + dst), v_cache + off, valid);
     }
   };
   // cp.async group g holds K/V tile kt_begin + g (group 0 also Q); empty groups keep the count
@@ -180,9 +146,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     sw_q[i] = ((2 * i + lm_q) ^ lm_row) << 4;
   }
   // row starts (bytes): Q rows 16 warp + 8 lm_hi + lm_row, K rows 8 lm_q + lm_row, V rows 8 lm_hi + lm_row
-  const uint32_t q_row = smem_addr(sQ) + (warp * 16 + lm_hi * 8 + lm_row) * HD * 2;
-  const uint32_t k_row = smem_addr(sK) + (lm_q * 8 + lm_row) * HD * 2;
-  const uint32_t v_row = smem_addr(sV) + (lm_hi * 8 + lm_row) * HD * 2;
+  const uint32_t q_row = smem_u32(sQ) + (warp * 16 + lm_hi * 8 + lm_row) * HD * 2;
+  const uint32_t k_row = smem_u32(sK) + (lm_q * 8 + lm_row) * HD * 2;
+  const uint32_t v_row = smem_u32(sV) + (lm_hi * 8 + lm_row) * HD * 2;
 
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     cp_async_wait<1>();  // tile kt (and Q) landed for this thread ...

@@ -390,9 +390,14 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
     return;
   }
   DS_ASSERT(w.format == WeightFormat::kW4A16Tiled, "W4A16 weights reach the CUDA linear through prepare_weight");
+  DS_ASSERT(out.numel() == x.dim(0) * w.rows, "W4A16 shapes x%s (N %lld) out%s", x.shape_str().c_str(),
+            static_cast<long long>(w.rows), out.shape_str().c_str());
+  linear_w4a16(x, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
+}
+
+void CudaOps::linear_w4a16(Tensor x, const LinearWeight& w, const cuda::GemvOut& out) {
   const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.rows);
-  DS_ASSERT(w.packed.dim(1) * 8 == K && out.numel() == int64_t(T) * N, "W4A16 shapes x%s packed%s (N %d) out%s",
-            x.shape_str().c_str(), w.packed.shape_str().c_str(), N, out.shape_str().c_str());
+  DS_ASSERT(w.packed.dim(1) * 8 == K, "W4A16 shapes x%s packed%s", x.shape_str().c_str(), w.packed.shape_str().c_str());
   if (T == 0) return;
   const auto* tiled = static_cast<const uint32_t*>(w.packed.data);
   // Steps of up to kW4A16GemvSliceTokens tokens take the GEMV in slices of up to
@@ -410,13 +415,14 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
       const int n = std::min(gemv_max_tokens, T - t0);
       const int splits = cuda::w4a16_gemv_splits(n, N, K);
       float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
-      cuda::launch_w4a16_gemv(B(x) + int64_t(t0) * K, tiled, F(w.scales), B(out) + int64_t(t0) * N, partial,
+      cuda::launch_w4a16_gemv(B(x) + int64_t(t0) * K, tiled, F(w.scales), out.from_token(t0), partial,
                               impl_->gemv_counters, splits, n, N, K, w.group_size, impl_->stream);
     }
   } else {
     Tensor dense = scratch(DType::kBF16, {N, K});
     cuda::launch_w4a16_dequant(tiled, F(w.scales), B(dense), N, K, w.group_size, impl_->stream);
-    gemm(x.data, dense.data, out.data, T, N, K, N);
+    for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p)
+      gemm(x.data, B(dense) + int64_t(row0) * K, out.ptr[p], T, out.rows[p], K, out.rows[p]);
   }
   scratch_release(mark);
 }

@@ -12,6 +12,10 @@
 
 namespace ds {
 
+namespace cuda {
+struct GemvOut;  // launchers.h
+}
+
 enum class StateDType { kF32, kF16, kBF16 };
 
 struct CudaOpsOptions {
@@ -83,6 +87,8 @@ class CudaOps final : public Ops {
   void gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc);
   void free_weight(Tensor t);  // a weight replaced by its prepared form
   void linear_int8(Tensor x, const LinearWeight& w, Tensor out);
+  // The W4A16 (tiled) linear into one output or the parts of a fused weight.
+  void linear_w4a16(Tensor x, const LinearWeight& w, const cuda::GemvOut& out);
   struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
   std::unique_ptr<Impl> impl_;
   CudaOpsOptions options_;

@@ -19,6 +19,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace ds::cuda {
 
@@ -38,68 +39,30 @@ static_assert(kD == 32 * (kThreads / 32), "each pass warp owns 32 state rows");
 
 size_t align256(size_t n) { return (n + 255) & ~size_t(255); }
 
-// ---- device helpers: cp.async, ldmatrix, mma (state elements: common.cuh) ----
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 (or 4) bytes global -> shared, asynchronous; zero filled when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p))
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p))
-               : "memory");
-}
-
-// c [16, 8] f32 += a [16, 16] bf16 . b [16, 8] bf16. Fragments (g = lane / 4, t = lane % 4):
-// c0, c1 at (row g, cols 2t, 2t+1); c2, c3 at (row g + 8, same cols).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// ---- fragment helpers (cp.async, ldmatrix, mma: ptx.cuh; state elements: common.cuh) ----
 
 // Operand fragments from shared tiles with row stride ld (elements). Lane l gives the address
 // of row (l % 8) of 8x8 matrix l / 8.
 // A rows m0..m0+15, cols k0..k0+15 of a row-major [m][k] tile.
 __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const bf16* x, int ld, int m0, int k0) {
   const int l = threadIdx.x & 31, q = l >> 3, r = l & 7;
-  ldsm_x4(a, x + (m0 + r + (q & 1) * 8) * ld + k0 + (q >> 1) * 8);
+  ldmatrix_x4(a, x + (m0 + r + (q & 1) * 8) * ld + k0 + (q >> 1) * 8);
 }
 // The same A fragment of A = X^T, X stored row-major [k][m].
 __device__ __forceinline__ void frag_a_trans(uint32_t (&a)[4], const bf16* x, int ld, int m0, int k0) {
   const int l = threadIdx.x & 31, q = l >> 3, r = l & 7;
-  ldsm_x4_trans(a, x + (k0 + r + (q >> 1) * 8) * ld + m0 + (q & 1) * 8);
+  ldmatrix_x4_trans(a, x + (k0 + r + (q >> 1) * 8) * ld + m0 + (q & 1) * 8);
 }
 // B rows k0..k0+15, cols n0..n0+15 (two n8 tiles: {b0, b1} cols n0.., {b2, b3} cols n0+8..)
 // of B stored row-major [k][n].
 __device__ __forceinline__ void frag_b(uint32_t (&b)[4], const bf16* x, int ld, int k0, int n0) {
   const int l = threadIdx.x & 31, q = l >> 3, r = l & 7;
-  ldsm_x4_trans(b, x + (k0 + r + (q & 1) * 8) * ld + n0 + (q >> 1) * 8);
+  ldmatrix_x4_trans(b, x + (k0 + r + (q & 1) * 8) * ld + n0 + (q >> 1) * 8);
 }
 // The same B fragments of B = X^T, X stored row-major [n][k].
 __device__ __forceinline__ void frag_b_trans(uint32_t (&b)[4], const bf16* x, int ld, int k0, int n0) {
   const int l = threadIdx.x & 31, q = l >> 3, r = l & 7;
-  ldsm_x4(b, x + (n0 + r + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
+  ldmatrix_x4(b, x + (n0 + r + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
 }
 
 __device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
@@ -162,7 +125,7 @@ __global__ void __launch_bounds__(kThreads)
     sm.g[tid] = ok ? g[int64_t(c0 + tid) * Hv + h] : 0.f;
     sm.beta[tid] = ok ? beta[int64_t(c0 + tid) * Hv + h] : 0.f;
   }
-  cp_async_wait_all();
+  cp_async_wait<0>();
   __syncthreads();
 
   {  // inverse norms: threads 0..63 of k rows, 64..127 of q rows
@@ -353,7 +316,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
   const int m0 = 16 * warp;  // this warp's chunk rows in steps 1-3
   for (int c = 0; c < n_chunks; ++c) {
     const int b = c & 1, c0 = t0 + c * kC, L = min(kC, t1 - c0);
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();
     const bf16* kc = sm.k[b];
     const float *gam = sm.gam[b], *beta = sm.beta[b], *kn = sm.kn[b], *qn = sm.qn[b];

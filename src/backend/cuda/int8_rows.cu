@@ -71,7 +71,7 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 
 
 template <int NT>
 int resident() {
-  return qgemv::resident_blocks<Int8Rows, NT, kChunksInFlight>();
+  return qgemv::resident_blocks<Int8Rows, NT, kChunksInFlight, false>();
 }
 
 }  // namespace
@@ -95,10 +95,11 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16*
   DS_ASSERT(T <= kInt8GemvMaxTokens && K % 128 == 0, "int8 GEMV: T %d, K %d", T, K);
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "int8 GEMV: x must be 16-byte aligned");
   const Int8Rows w{q, scales, K, K / 128};
-  if (T <= 8) qgemv::launch<Int8Rows, 1, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
-  else if (T <= 16) qgemv::launch<Int8Rows, 2, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
-  else if (T <= 32) qgemv::launch<Int8Rows, 4, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
-  else qgemv::launch<Int8Rows, 8, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
+  const qgemv::OutParts o = qgemv::out_parts(GemvOut::whole(out, N), N);
+  if (T <= 8) qgemv::launch<Int8Rows, 1, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
+  else if (T <= 16) qgemv::launch<Int8Rows, 2, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
+  else if (T <= 32) qgemv::launch<Int8Rows, 4, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
+  else qgemv::launch<Int8Rows, 8, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
   cuda_check_launch("int8_gemv", s);
 }
 

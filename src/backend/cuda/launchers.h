@@ -54,6 +54,36 @@ void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, u
 constexpr int kGemvMaxSplitTiles = 4096;
 constexpr int kW4A16GemvMaxTokens = 32;
 constexpr int kInt8GemvMaxTokens = 64;
+constexpr int kGemvMaxParts = 4;
+
+// Where a GEMV's N output rows go: part p is bf16 [T, rows[p]] at ptr[p] and holds the next
+// rows[p] rows (a fused weight, Ops::linear_parts); one part is a plain [T, N] output.
+struct GemvOut {
+  bf16* ptr[kGemvMaxParts] = {};
+  int rows[kGemvMaxParts] = {};
+  int n_parts = 0;
+
+  static GemvOut whole(bf16* out, int N) {
+    GemvOut o;
+    o.ptr[0] = out;
+    o.rows[0] = N;
+    o.n_parts = 1;
+    return o;
+  }
+  // The same parts from token t0 on.
+  GemvOut from_token(int t0) const {
+    GemvOut o = *this;
+    for (int p = 0; p < n_parts; ++p) o.ptr[p] += int64_t(t0) * rows[p];
+    return o;
+  }
+};
+
+// The W4A16 GEMV's main loop (qgemv_kernel.cuh): chunks held in registers, or streamed through a
+// cp.async ring of 4 or 8 shared-memory slots per lane. env DS_W4A16_GEMV_LOOP = regs | async4 |
+// async8 (default regs); tests and benchmarks may switch it between launches.
+enum class GemvLoop { kRegisters, kAsync4, kAsync8 };
+GemvLoop w4a16_gemv_loop();
+void set_w4a16_gemv_loop(GemvLoop loop);
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
 // (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).
@@ -62,9 +92,9 @@ bool w4a16_tiled_supports(int K, int group);  // group a power of two >= 64 divi
 void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, float* tiled_scales, int N,
                          int K, int group, cudaStream_t s);
 int w4a16_gemv_splits(int T, int N, int K);
-// T <= kW4A16GemvMaxTokens
-void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, bf16* out, float* partial,
-                       int* counters, int splits, int T, int N, int K, int group, cudaStream_t s);
+// T <= kW4A16GemvMaxTokens; N = the sum of out's rows
+void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
+                       float* partial, int* counters, int splits, int T, int N, int K, int group, cudaStream_t s);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T)
 void launch_w4a16_dequant(const uint32_t* tiled, const float* tiled_scales, bf16* w, int N, int K, int group,
                           cudaStream_t s);

@@ -1,13 +1,20 @@
 // Device code of the quantized GEMV shared by the W4A16 (tiled) and int8 (row-major) weights:
 // out bf16 [T, N] = x bf16 [T, K] . W^T for T <= 8 * NT tokens on bf16 tensor cores
-// (mma.m16n8k16, fp32 accumulation), streaming the weights once for all tokens.
+// (mma.m16n8k16, fp32 accumulation), streaming the weights once for all tokens. The output may
+// be cut into parts (OutParts: the rows of a fused weight, Ops::linear_parts).
 //
 // Work: a warp owns one block of 16 output rows over a range of 64-column chunks; a thread
 // block is 8 warps (128 rows, one "tile"); gridDim.y splits K so small N still fills the GPU.
 // A weight format exposes `load` (one chunk of the warp's 16 rows: raw codes + the two scales
-// of the lane's rows) and `a_frag` (the mma A operand of one 16-column k-step, as exact integer
-// values in bf16). Each chunk's integer dot products are scaled in fp32 afterwards, so the
-// result is the fp32 math of the dequantised weights, not a bf16 rounding of them.
+// of the lane's rows), optionally `load_async` (the same into shared memory with cp.async) and
+// `a_frag` (the mma A operand of one 16-column k-step, as exact integer values in bf16). Each
+// chunk's integer dot products are scaled in fp32 afterwards, so the result is the fp32 math of
+// the dequantised weights, not a bf16 rounding of them.
+//
+// Two main loops, same math and summation order: qgemv_kernel loads U chunks into registers,
+// then uses them; qgemv_async_kernel keeps S - 1 chunks per warp in flight through a ring of S
+// shared-memory slots per warp (each lane copies and later reads only its own bytes, so no
+// barrier is needed), which keeps more bytes in flight than registers allow.
 //
 // Column order inside a chunk: mma k-step j (0..3) slot s of lane (g = lane / 4, q = lane % 4)
 // is chunk column 16 q + 4 j + (s < 8 ? 0 : 2) + (s & 1); so lane q's B operand (x) for the whole
@@ -25,20 +32,15 @@
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace ds::cuda::qgemv {
 
 constexpr int kWarps = 8;                   // warps per block, one 16-row block each
 constexpr int kTileRows = 16 * kWarps;      // output rows per block
 constexpr int kChunk = 64;                  // input columns per chunk (4 mma k-steps)
-
-// d += a . b for one m16n8k16 tile: a bf16 [16 rows, 16 k], b bf16 [16 k, 8 tokens], d f32.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // 16 bytes read once: not kept in L1, so L1 keeps x for the other warps.
 __device__ __forceinline__ uint4 load_stream(const void* p) {
@@ -88,6 +90,11 @@ struct W4Tiled {
     f.s = __ldg(scales + (int64_t(rb) * n_groups + (c >> group_shift)) * 8 + lane / 4);
     return f;
   }
+  // load() into shared memory: dst is this lane's slot.
+  __device__ __forceinline__ void load_async(int rb, int c, int lane, int /*N*/, Frag* dst) const {
+    cp_async16(&dst->w, q + (int64_t(rb) * n_chunks + c) * 32 + lane);
+    cp_async8(&dst->s, scales + (int64_t(rb) * n_groups + (c >> group_shift)) * 8 + lane / 4);
+  }
   __device__ __forceinline__ void a_frag(const Frag& f, int j, uint32_t (&a)[4]) const {
     const uint32_t word = word_of(f.w, j);
 #pragma unroll
@@ -125,78 +132,80 @@ struct Int8Rows {
   }
 };
 
-// U chunks are loaded (all in flight) before any is used. (Loading the next U while using
-// these, a software pipeline, measured 15% slower on the H200: more registers, fewer warps.) partial f32 [gridDim.y, T, N] and
-// counters i32 [gridDim.x] (zero between launches) are used only when gridDim.y > 1.
-template <class Fmt, int NT, int U>
-__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, const __nv_bfloat16* __restrict__ x,
-                                                           __nv_bfloat16* __restrict__ out, float* __restrict__ partial,
-                                                           int* __restrict__ counters, int T, int N, int K) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q4 = lane % 4;
-  const int rb = blockIdx.x * kWarps + warp;
-  const int splits = gridDim.y, split = blockIdx.y;
-  const int n_chunks = K / kChunk;
-  const int c_begin = static_cast<int>(int64_t(split) * n_chunks / splits);
-  const int c_end = static_cast<int>(int64_t(split + 1) * n_chunks / splits);
+constexpr int kMaxParts = kGemvMaxParts;
 
-  float acc[NT][4];
+// Where output row n of token t is stored: part p holds rows [end[p - 1], end[p]) (end[-1] = 0)
+// as bf16 [T, end[p] - end[p - 1]]; n_parts 1 is a plain [T, N] output.
+struct OutParts {
+  __nv_bfloat16* ptr[kMaxParts];
+  int end[kMaxParts];
+  int n_parts;
+
+  __device__ __forceinline__ void store(int t, int n, float v) const {
+    __nv_bfloat16* base = ptr[0];
+    int begin = 0, width = end[0];
+#pragma unroll
+    for (int p = 1; p < kMaxParts; ++p)
+      if (p < n_parts && n >= end[p - 1]) {
+        base = ptr[p];
+        begin = end[p - 1];
+        width = end[p] - end[p - 1];
+      }
+    base[int64_t(t) * width + (n - begin)] = to_bf16(v);
+  }
+};
+
+// acc += the chunk's contribution: f holds the warp's 16 rows of the chunk, xc points at
+// x[0][64 c + 16 q4] (token t at xc + t K).
+template <class Fmt, int NT>
+__device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fmt::Frag& f,
+                                                 const __nv_bfloat16* __restrict__ xc, int T, int K, int g,
+                                                 float (&acc)[NT][4]) {
+  float p[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
-
-  if (rb * 16 < N) {
-    for (int c0 = c_begin; c0 < c_end; c0 += U) {
-      typename Fmt::Frag f[U];
+    for (int i = 0; i < 4; ++i) p[nt][i] = 0.f;
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (c0 + u < c_end) f[u] = w.load(rb, c0 + u, lane, N);
+  for (int h = 0; h < 2; ++h) {  // columns [8h, 8h + 8) of the lane's 16: k-steps 2h, 2h + 1
+    uint4 xv[NT];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (c0 + u < c_end) {
-          const __nv_bfloat16* xc = x + int64_t(c0 + u) * kChunk + 16 * q4;
-          float p[NT][4];
+    for (int nt = 0; nt < NT; ++nt) {
+      const int t = nt * 8 + g;
+      xv[nt] = t < T ? __ldg(reinterpret_cast<const uint4*>(xc + int64_t(t) * K + 8 * h)) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
+    for (int jj = 0; jj < 2; ++jj) {
+      uint32_t a[4];
+      w.a_frag(f, 2 * h + jj, a);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) p[nt][i] = 0.f;
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {  // columns [8h, 8h + 8) of the lane's 16: k-steps 2h, 2h + 1
-            uint4 xv[NT];
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              const int t = nt * 8 + g;
-              xv[nt] = t < T ? __ldg(reinterpret_cast<const uint4*>(xc + int64_t(t) * K + 8 * h)) : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int jj = 0; jj < 2; ++jj) {
-              uint32_t a[4];
-              w.a_frag(f[u], 2 * h + jj, a);
-#pragma unroll
-              for (int nt = 0; nt < NT; ++nt) mma_bf16(p[nt], a, word_of(xv[nt], 2 * jj), word_of(xv[nt], 2 * jj + 1));
-            }
-          }
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            acc[nt][0] += f[u].s.x * p[nt][0];
-            acc[nt][1] += f[u].s.x * p[nt][1];
-            acc[nt][2] += f[u].s.y * p[nt][2];
-            acc[nt][3] += f[u].s.y * p[nt][3];
-          }
-        }
-      }
+      for (int nt = 0; nt < NT; ++nt) mma_bf16(p[nt], a, word_of(xv[nt], 2 * jj), word_of(xv[nt], 2 * jj + 1));
     }
   }
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    acc[nt][0] += f.s.x * p[nt][0];
+    acc[nt][1] += f.s.x * p[nt][1];
+    acc[nt][2] += f.s.y * p[nt][2];
+    acc[nt][3] += f.s.y * p[nt][3];
+  }
+}
 
+// The block's results to out: directly without split-K, else through the partials (the last
+// block of the tile sums them). Every thread of the block calls it.
+template <int NT>
+__device__ __forceinline__ void store_results(const float (&acc)[NT][4], const OutParts& out, float* __restrict__ partial,
+                                              int* __restrict__ counters, int T, int N, int rb, int lane) {
   // Accumulator i of tile nt: row rb*16 + g (+8 for i >= 2), token nt*8 + 2*q4 + (i & 1).
-  const int row = rb * 16 + g;
+  const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
+  const int splits = gridDim.y, split = blockIdx.y;
   if (splits == 1) {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int t = nt * 8 + 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
-        if (t < T && n < N) out[int64_t(t) * N + n] = to_bf16(acc[nt][i]);
+        if (t < T && n < N) out.store(t, n, acc[nt][i]);
       }
     return;
   }
@@ -221,19 +230,123 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, const __nv_bf
     if (n >= N) continue;
     float s = 0.f;
     for (int sp = 0; sp < splits; ++sp) s += __ldcg(partial + (int64_t(sp) * T + t) * N + n);
-    out[int64_t(t) * N + n] = to_bf16(s);
+    out.store(t, n, s);
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
 }
 
-// Blocks of qgemv_kernel<Fmt, NT, U> resident on the whole GPU at once (asked once per kernel).
+// Chunks [c_begin, c_end) of this block's split.
+__device__ __forceinline__ void split_range(int K, int& c_begin, int& c_end) {
+  const int n_chunks = K / kChunk;
+  c_begin = static_cast<int>(int64_t(blockIdx.y) * n_chunks / gridDim.y);
+  c_end = static_cast<int>(int64_t(blockIdx.y + 1) * n_chunks / gridDim.y);
+}
+
+// Register main loop: U chunks are loaded (all in flight) before any is used. (Loading the next
+// U while using these, a software pipeline in registers, measured 15% slower on the H200: more
+// registers, fewer warps.) partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] (zero
+// between launches) are used only when gridDim.y > 1.
 template <class Fmt, int NT, int U>
+__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, const __nv_bfloat16* __restrict__ x, OutParts out,
+                                                           float* __restrict__ partial, int* __restrict__ counters,
+                                                           int T, int N, int K) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rb = blockIdx.x * kWarps + warp;
+  int c_begin, c_end;
+  split_range(K, c_begin, c_end);
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  if (rb * 16 < N) {
+    for (int c0 = c_begin; c0 < c_end; c0 += U) {
+      typename Fmt::Frag f[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + u < c_end) f[u] = w.load(rb, c0 + u, lane, N);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + u < c_end)
+          accumulate_chunk<Fmt, NT>(w, f[u], x + int64_t(c0 + u) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
+    }
+  }
+  store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
+}
+
+// Shared memory of qgemv_async_kernel<Fmt, NT, S>: S slots per lane of every warp.
+template <class Fmt, int S>
+constexpr int async_smem_bytes() {
+  return S * kWarps * 32 * static_cast<int>(sizeof(typename Fmt::Frag));
+}
+
+// cp.async main loop: chunk i + S - 1 is issued before chunk i is used, into the slot chunk
+// i - 1 used (already consumed: its values fed this thread's mma), so S - 1 chunks per warp
+// are in flight while one is computed. Same arguments as qgemv_kernel, plus
+// async_smem_bytes<Fmt, S>() of dynamic shared memory.
+template <class Fmt, int NT, int S>
+__global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, const __nv_bfloat16* __restrict__ x,
+                                                                 OutParts out, float* __restrict__ partial,
+                                                                 int* __restrict__ counters, int T, int N, int K) {
+  static_assert((S & (S - 1)) == 0 && S >= 2, "S: a power of two");
+  extern __shared__ uint4 qgemv_ring[];  // uint4: 16-byte aligned slots
+  using Frag = typename Fmt::Frag;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rb = blockIdx.x * kWarps + warp;
+  Frag* ring = reinterpret_cast<Frag*>(qgemv_ring) + warp * S * 32 + lane;  // slot s: ring[32 s]
+  int c_begin, c_end;
+  split_range(K, c_begin, c_end);
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+
+  if (rb * 16 < N) {
+    const int n = c_end - c_begin;
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (i < n) w.load_async(rb, c_begin + i, lane, N, ring + 32 * i);
+      cp_async_commit();  // one group per chunk, empty past the end, so the count below holds
+    }
+    for (int i = 0; i < n; ++i) {
+      const int ahead = i + S - 1;
+      if (ahead < n) w.load_async(rb, c_begin + ahead, lane, N, ring + 32 * (ahead % S));
+      cp_async_commit();
+      cp_async_wait<S - 1>();  // chunk i's group is complete
+      const Frag f = ring[32 * (i % S)];
+      accumulate_chunk<Fmt, NT>(w, f, x + int64_t(c_begin + i) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
+    }
+  }
+  store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
+}
+
+// The register kernel (kAsync false, D = U) or the cp.async kernel (kAsync true, D = S).
+template <class Fmt, int NT, int D, bool kAsync>
+constexpr auto kernel_of() {
+  if constexpr (kAsync) return qgemv_async_kernel<Fmt, NT, D>;
+  else return qgemv_kernel<Fmt, NT, D>;
+}
+
+template <class Fmt, int D, bool kAsync>
+constexpr int smem_of() {
+  if constexpr (kAsync) return async_smem_bytes<Fmt, D>();
+  else return 0;
+}
+
+// Blocks of the kernel resident on the whole GPU at once (asked once per kernel; also lifts the
+// kernel's dynamic shared memory limit, before its first launch).
+template <class Fmt, int NT, int D, bool kAsync>
 int resident_blocks() {
   static const int n = [] {
+    constexpr auto kernel = kernel_of<Fmt, NT, D, kAsync>();
+    constexpr int smem = smem_of<Fmt, D, kAsync>();
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_kernel<Fmt, NT, U>, kWarps * 32, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem);
     return sms * std::max(per_sm, 1);
   }();
   return n;
@@ -249,11 +362,28 @@ inline int choose_splits(int resident, int T, int N, int K, int max_tiles) {
   return std::max(1, std::min({resident / tiles, n_chunks / 4, n_chunks / std::max(T, 1)}));
 }
 
-template <class Fmt, int NT, int U>
-void launch(const Fmt& w, const __nv_bfloat16* x, __nv_bfloat16* out, float* partial, int* counters, int splits, int T,
+// resident_blocks<Fmt, NT, D, kAsync>() must have been called before (it is, by the splits).
+template <class Fmt, int NT, int D, bool kAsync>
+void launch(const Fmt& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters, int splits, int T,
             int N, int K, cudaStream_t s) {
   const dim3 grid((N + kTileRows - 1) / kTileRows, splits);
-  qgemv_kernel<Fmt, NT, U><<<grid, kWarps * 32, 0, s>>>(w, x, out, partial, counters, T, N, K);
+  const auto kernel = kernel_of<Fmt, NT, D, kAsync>();
+  kernel<<<grid, kWarps * 32, smem_of<Fmt, D, kAsync>(), s>>>(w, x, out, partial, counters, T, N, K);
+}
+
+// The kernel's view of a launcher's GemvOut (launchers.h): row ends instead of row counts.
+inline OutParts out_parts(const GemvOut& o, int N) {
+  DS_ASSERT(o.n_parts >= 1 && o.n_parts <= kMaxParts, "GEMV output parts: %d", o.n_parts);
+  OutParts p{};
+  int end = 0;
+  for (int i = 0; i < o.n_parts; ++i) {
+    p.ptr[i] = o.ptr[i];
+    end += o.rows[i];
+    p.end[i] = end;
+  }
+  p.n_parts = o.n_parts;
+  DS_ASSERT(end == N, "GEMV output parts hold %d rows, the weight %d", end, N);
+  return p;
 }
 
 }  // namespace ds::cuda::qgemv

@@ -8,9 +8,12 @@
 //     q + 8), so `(word >> 4r) & 0x000F000F` is A register r as a pair. One warp reads 512
 //     contiguous bytes per chunk. Rows past N hold q = 0.
 //   tiled scales f32 [NB, K/group, 8, 2]: (row 16rb + g, row 16rb + g + 8), 0 past N.
-// Small T (decode, verify; <= 16) runs the tensor-core GEMV of qgemv_kernel.cuh, streaming the
-// weights once for all tokens; large T (prefill) dequantises to a bf16 matrix for cuBLAS.
+// Small T (decode, verify; <= 32 per launch) runs the tensor-core GEMV of qgemv_kernel.cuh,
+// streaming the weights once for all tokens, with either main loop (GemvLoop); large T
+// (prefill) dequantises to a bf16 matrix for cuBLAS.
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -120,23 +123,67 @@ void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* 
   cuda_check_launch("w4a16_repack_scales", s);
 }
 
+namespace {
+
+GemvLoop loop_from_env() {
+  const char* env = std::getenv("DS_W4A16_GEMV_LOOP");
+  const std::string v = env ? env : "regs";
+  if (v == "regs") return GemvLoop::kRegisters;
+  if (v == "async4") return GemvLoop::kAsync4;
+  if (v == "async8") return GemvLoop::kAsync8;
+  DS_FATAL("DS_W4A16_GEMV_LOOP must be regs, async4 or async8, not '%s'", v.c_str());
+}
+
+GemvLoop g_loop = loop_from_env();
+
+// A kernel instance: NT token tiles of 8, D chunks per warp in flight (U) or ring slots (S).
+template <int NT_, int D_, bool kAsync_>
+struct Kernel {
+  static constexpr int NT = NT_, D = D_;
+  static constexpr bool kAsync = kAsync_;
+};
+
+// f(Kernel<...>{}) for the kernel that serves T tokens with the current main loop.
+template <class F>
+auto with_kernel(int T, F&& f) {
+  switch (g_loop) {
+    case GemvLoop::kAsync4:
+      return T <= 8 ? f(Kernel<1, 4, true>{}) : T <= 16 ? f(Kernel<2, 4, true>{}) : f(Kernel<4, 4, true>{});
+    case GemvLoop::kAsync8:
+      return T <= 8 ? f(Kernel<1, 8, true>{}) : T <= 16 ? f(Kernel<2, 8, true>{}) : f(Kernel<4, 8, true>{});
+    default:
+      return T <= 8    ? f(Kernel<1, kChunksInFlight, false>{})
+             : T <= 16 ? f(Kernel<2, kChunksInFlight, false>{})
+                       : f(Kernel<4, kChunksInFlight, false>{});
+  }
+}
+
+}  // namespace
+
+GemvLoop w4a16_gemv_loop() { return g_loop; }
+void set_w4a16_gemv_loop(GemvLoop loop) { g_loop = loop; }
+
 int w4a16_gemv_splits(int T, int N, int K) {
-  const int resident = T <= 8    ? qgemv::resident_blocks<W4Tiled, 1, kChunksInFlight>()
-                       : T <= 16 ? qgemv::resident_blocks<W4Tiled, 2, kChunksInFlight>()
-                                 : qgemv::resident_blocks<W4Tiled, 4, kChunksInFlight>();
+  const int resident = with_kernel(T, [](auto k) {
+    using Kn = decltype(k);
+    return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::D, Kn::kAsync>();
+  });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
 
-void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, bf16* out, float* partial,
-                       int* counters, int splits, int T, int N, int K, int group, cudaStream_t s) {
+void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
+                       float* partial, int* counters, int splits, int T, int N, int K, int group, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "W4A16 GEMV: x must be 16-byte aligned");
+  const qgemv::OutParts parts = qgemv::out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
-  if (T <= 8) qgemv::launch<W4Tiled, 1, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
-  else if (T <= 16) qgemv::launch<W4Tiled, 2, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
-  else qgemv::launch<W4Tiled, 4, kChunksInFlight>(w, x, out, partial, counters, splits, T, N, K, s);
+  with_kernel(T, [&](auto k) {
+    using Kn = decltype(k);
+    qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::D, Kn::kAsync>();  // the shared memory limit, once
+    qgemv::launch<W4Tiled, Kn::NT, Kn::D, Kn::kAsync>(w, x, parts, partial, counters, splits, T, N, K, s);
+  });
   cuda_check_launch("w4a16_gemv", s);
 }
 
