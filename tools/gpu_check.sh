@@ -38,6 +38,16 @@ BENCH=(.devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synt
 if [ "${DS_SKIP_BENCH:-0}" != 1 ]; then
   "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384,51200 --json "$OUT/bench_model_w4a16.jsonl" \
     > "$OUT/bench_model_w4a16.txt" 2> "$OUT/bench_model_w4a16.log" || status=1
+  # Decode A/B, one process per setting (name:DS_W4A16_GEMV_LOOP:DS_PDL:DS_FUSE_LINEARS), batch 1
+  # and 8 at 1k. env: DS_AB overrides the list; DS_AB=none skips it.
+  AB="${DS_AB:-regs:regs:0:1 async4:async4:0:1 async8:async8:0:1 async4+pdl:async4:1:1 regs+pdl:regs:1:1 unfused:regs:0:0}"
+  if [ "$AB" != none ]; then
+    for cfg in $AB; do
+      IFS=: read -r name loop pdl fuse <<< "$cfg"
+      DS_W4A16_GEMV_LOOP=$loop DS_PDL=$pdl DS_FUSE_LINEARS=$fuse "${BENCH[@]}" --w4a16 --batches 1,8 --contexts 1024 \
+        --verify 0 --prefill 0 > "$OUT/ab_$name.txt" 2> "$OUT/ab_$name.log" || status=1
+    done
+  fi
   # Batch-1 decode with step graphs off: what the graphs save.
   DS_CUDA_GRAPHS=0 "${BENCH[@]}" --w4a16 --batches 1 --contexts 1024 --verify 0 --prefill 0 \
     > "$OUT/bench_model_w4a16_nographs.txt" 2> "$OUT/bench_model_w4a16_nographs.log" || status=1
@@ -68,6 +78,11 @@ for name in ("test_cuda_ops", "test_cuda_model"):
 PY
 echo "== bench model (27B shape, bf16 weights, synthetic) =="
 cat "$OUT/bench_model.txt" 2>/dev/null; tail -3 "$OUT/bench_model.log" 2>/dev/null
+echo "== decode A/B (27B shape, W4A16, 1k context): GEMV loop, PDL, fused linears =="
+for f in "$OUT"/ab_*.txt; do
+  [ -e "$f" ] || continue
+  echo "-- $(basename "$f" .txt | sed 's/^ab_//')"; grep -E "^decode" "$f"; tail -1 "${f%.txt}.log"
+done
 echo "== bench model (27B shape, W4A16 linears, synthetic): step graphs off =="
 grep -E "^decode" "$OUT/bench_model_w4a16_nographs.txt" 2>/dev/null; tail -3 "$OUT/bench_model_w4a16_nographs.log" 2>/dev/null
 echo "== bench model (27B shape, W4A16 linears, synthetic) =="

@@ -64,10 +64,11 @@ void run(BenchModelArgs& a) {
     model = std::move(m.value());
   }
   // Bytes a decode step streams: every weight but the embedding table (only B rows are read;
-  // int8 rows: 1 byte per value + an f32 scale per 128).
+  // int8 rows: 1 byte per value + an f32 scale per 128). A tied table is the lm_head too, read whole.
   const ModelConfig& mc = model->config();
   const bool int8_table = co.int8_vocab && mc.hidden_size % 128 == 0;
-  a.o.weight_bytes = double(ops.weight_bytes()) - (int8_table ? 1.0 + 4.0 / 128 : 2.0) * mc.vocab_size * mc.hidden_size;
+  const double table_bytes = (int8_table ? 1.0 + 4.0 / 128 : 2.0) * mc.vocab_size * mc.hidden_size;
+  a.o.weight_bytes = double(ops.weight_bytes()) - (mc.tie_word_embeddings ? 0.0 : table_bytes);
   ops.alloc_caches(model_bench_geometry(*model, a.o));
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
   if (a.profile) cuda_profiler_start();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -97,16 +98,26 @@ W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group) {
 
 // Every GEMV main loop at every token count the GEMV takes (one launch, NT 1/2/4 and 32-token
 // slices), then the dequantise + cuBLAS path once (T 200).
-std::vector<std::pair<cuda::GemvLoop, int>> loops_and_tokens() {
-  std::vector<std::pair<cuda::GemvLoop, int>> v;
-  for (auto loop : {cuda::GemvLoop::kRegisters, cuda::GemvLoop::kAsync4, cuda::GemvLoop::kAsync8})
-    for (int T : {1, 2, 7, 8, 9, 16, 17, 100}) v.emplace_back(loop, T);
-  v.emplace_back(cuda::GemvLoop::kRegisters, 200);
+// (The register loop also runs with programmatic dependent launch.)
+struct GemvRun {
+  cuda::GemvLoop loop;
+  bool pdl;
+  int T;
+};
+std::vector<GemvRun> loops_and_tokens() {
+  std::vector<GemvRun> v;
+  for (auto [loop, pdl] : std::vector<std::pair<cuda::GemvLoop, bool>>{{cuda::GemvLoop::kRegisters, false},
+                                                                       {cuda::GemvLoop::kRegisters, true},
+                                                                       {cuda::GemvLoop::kAsync4, true},
+                                                                       {cuda::GemvLoop::kAsync8, false}})
+    for (int T : {1, 2, 7, 8, 9, 16, 17, 100}) v.push_back({loop, pdl, T});
+  v.push_back({cuda::GemvLoop::kRegisters, false, 200});
   return v;
 }
 
 TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
+  const bool pdl_before = cuda::gemv_pdl();
   struct Shape {
     int N, K, group;
   };
@@ -116,8 +127,10 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
     if (sh.group == 32) EXPECT_FALSE(c.gpu_w.quantized()) << "group 32 is stored dequantised";
     else EXPECT_EQ(c.gpu_w.format, WeightFormat::kW4A16Tiled);
     Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {sh.N, sh.K}, DType::kF32);
-    for (auto [loop, T] : loops_and_tokens()) {
-      cuda::set_w4a16_gemv_loop(loop);
+    for (const GemvRun& run : loops_and_tokens()) {
+      const int T = run.T;
+      cuda::set_w4a16_gemv_loop(run.loop);
+      cuda::set_gemv_pdl(run.pdl);
       std::vector<float> x = random_bf16(size_t(T) * sh.K, rng);
       Tensor xc = cpu.upload(x.data(), DType::kF32, {T, sh.K}, DType::kF32);
       Tensor xg = gpu->upload(x.data(), DType::kF32, {T, sh.K}, DType::kBF16);
@@ -129,7 +142,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       const std::vector<float> got = download(og);
       const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                std::to_string(sh.group) + " T" + std::to_string(T) + " loop " +
-                               std::to_string(static_cast<int>(loop));
+                               std::to_string(static_cast<int>(run.loop)) + (run.pdl ? " pdl" : "");
       EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
       if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
         gpu->linear_quantized(xg, c.gpu_w, og);
@@ -140,6 +153,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
     }
   }
   cuda::set_w4a16_gemv_loop(loop_before);
+  cuda::set_gemv_pdl(pdl_before);
 }
 
 TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
@@ -208,12 +222,23 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"attn qkv", 14336, 5120, 16, 2},         {"attn o_proj", 5120, 6144, 16, 3},
       {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
       {"mlp down", 5120, 17408, 64, 3}};
-  const std::vector<std::pair<cuda::GemvLoop, const char*>> loops = {
-      {cuda::GemvLoop::kRegisters, "regs"}, {cuda::GemvLoop::kAsync4, "async4"}, {cuda::GemvLoop::kAsync8, "async8"}};
+  struct Config {
+    cuda::GemvLoop loop;
+    bool pdl;
+    const char* name;
+  };
+  const std::vector<Config> loops = {{cuda::GemvLoop::kRegisters, false, "regs"},
+                                     {cuda::GemvLoop::kAsync4, false, "async4"},
+                                     {cuda::GemvLoop::kAsync8, false, "async8"},
+                                     {cuda::GemvLoop::kRegisters, true, "regs+pdl"},
+                                     {cuda::GemvLoop::kAsync4, true, "async4+pdl"},
+                                     {cuda::GemvLoop::kAsync8, true, "async8+pdl"}};
   const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
+  const bool pdl_before = cuda::gemv_pdl();
   const int reps = 50;
-  // step_us[loop][fused][T == 8]
-  double step_us[3][2][2] = {}, step_bytes[2] = {0, 0};
+  // step_us[config][fused][T == 8]
+  std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
+  double step_bytes[2] = {0, 0};
   for (const Linear& l : linears) {
     const double bytes = double(l.N) * l.K / 2 + double((l.N + 15) / 16 * 16) * (l.K / 128) * 4;
     const int copies = std::max(2, static_cast<int>(std::ceil(256e6 / bytes)));
@@ -229,7 +254,8 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
     for (int f = 0; f < 2; ++f)
       if (l.layout & (1 << f)) step_bytes[f] += bytes * l.per_step;
     for (size_t li = 0; li < loops.size(); ++li) {
-      cuda::set_w4a16_gemv_loop(loops[li].first);
+      cuda::set_w4a16_gemv_loop(loops[li].loop);
+      cuda::set_gemv_pdl(loops[li].pdl);
       for (int T : {1, 8, 16, 17, 512}) {
         if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // prefill path: one shape
         Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
@@ -238,20 +264,21 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
         const double us = time_us(reps, [&](int i) { gpu->linear_quantized(x, ws[i % copies], out); });
         const double gbps = bytes / us * 1e-3;
         std::printf("[figure] w4a16 %s N=%d K=%d T=%d (%s): %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
-                    loops[li].second, l.N, l.K, T, l.name, us, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+                    loops[li].name, l.N, l.K, T, l.name, us, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
         for (int f = 0; f < 2; ++f)
           if ((l.layout & (1 << f)) && (T == 1 || T == 8)) step_us[li][f][T == 8] += us * l.per_step;
       }
     }
   }
   cuda::set_w4a16_gemv_loop(loop_before);
+  cuda::set_gemv_pdl(pdl_before);
   for (size_t li = 0; li < loops.size(); ++li)
     for (int f = 0; f < 2; ++f)
       for (int i = 0; i < 2; ++i) {
         const double us = step_us[li][f][i];
         std::printf("[figure] w4a16 %s 27B decode-step linears, %s, at T=%d (sum over the 64 layers, no lm_head): "
                     "%.3f ms for %.2f GB, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
-                    loops[li].second, f ? "fused" : "separate", i == 0 ? 1 : 8, us * 1e-3, step_bytes[f] * 1e-9,
+                    loops[li].name, f ? "fused" : "separate", i == 0 ? 1 : 8, us * 1e-3, step_bytes[f] * 1e-9,
                     step_bytes[f] / us * 1e-3, 100 * step_bytes[f] / us * 1e-3 / kCopyGbps, kCopyGbps);
       }
 

@@ -4,6 +4,7 @@
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 #include "ops/random_fill.h"
 
 namespace ds::cuda {
@@ -38,6 +39,7 @@ enum class NormKind { kPlain, kGated, kAdd };
 template <bool kWarpRow, NormKind kKind>
 __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16* out, int R, int D,
                                     float eps, bool sigmoid_gate) {
+  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
   const int lane = threadIdx.x & 31;
   const int64_t r = kWarpRow ? int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
   const int tid = kWarpRow ? lane : threadIdx.x, nthr = kWarpRow ? 32 : blockDim.x;
@@ -112,6 +114,7 @@ void launch_norm(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16
 
 // Scalar fallbacks for D not a multiple of 8 (tiny test shapes).
 __global__ void rms_norm_kernel(const bf16* x, const float* w, bf16* out, int D, float eps) {
+  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
   const int64_t r = blockIdx.x;
   const bf16* xr = x + r * D;
   float ss = 0.f;
@@ -125,6 +128,7 @@ __global__ void rms_norm_kernel(const bf16* x, const float* w, bf16* out, int D,
 
 __global__ void gated_rms_norm_kernel(const bf16* x, const bf16* z, const float* w, bf16* out, int D, float eps,
                                       bool sigmoid_gate) {
+  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
   const int64_t r = blockIdx.x;
   float ss = 0.f;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
@@ -145,16 +149,19 @@ __global__ void add_kernel(bf16* x, const bf16* y, int64_t n) {
 }
 
 __global__ void silu_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
+  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = to_bf16(silu_f(to_f32(gate[i])) * to_f32(up[i]));
 }
 
 __global__ void sigmoid_mul_kernel(bf16* x, const bf16* gate, int64_t n) {
+  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = to_bf16(to_f32(x[i]) * sigmoid_f(to_f32(gate[i])));
 }
 
 __global__ void gather_rows_kernel(const bf16* x, const int32_t* rows, bf16* out, int H) {
+  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
   const int r = blockIdx.x;
   const bf16* src = x + int64_t(rows[r]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(r) * H + i] = src[i];

@@ -84,6 +84,11 @@ struct GemvOut {
 enum class GemvLoop { kRegisters, kAsync4, kAsync8 };
 GemvLoop w4a16_gemv_loop();
 void set_w4a16_gemv_loop(GemvLoop loop);
+// Whether the quantized GEMVs are launched with programmatic dependent launch, so they start
+// (and the cp.async loop streams its first weights) while the kernel before them ends; the
+// kernels that feed them call pdl_trigger (ptx.cuh). env DS_PDL = 0 | 1 (default 0).
+bool gemv_pdl();
+void set_gemv_pdl(bool on);
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
 // (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).

@@ -1,6 +1,5 @@
-// Inline-PTX wrappers shared by the tensor-core kernels (sm_80+): asynchronous global -> shared
-// copies, ldmatrix and the bf16 mma.m16n8k16. One definition each, used by the flash prefill
-// attention, the chunked GDN prefill and the quantized GEMV.
+// Inline-PTX wrappers shared by the kernels: asynchronous global -> shared copies, ldmatrix and
+// the bf16 mma.m16n8k16 (sm_80+), and programmatic dependent launch (sm_90). One definition each.
 #pragma once
 
 #include <cstdint>
@@ -62,5 +61,14 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+
+// Programmatic dependent launch. A kernel launched with the programmatic-serialization
+// attribute may start while the kernel before it in the stream still runs; pdl_wait() blocks
+// until that kernel has finished and its writes are visible, so everything before it may touch
+// only memory the previous kernel neither writes nor reads (weights). Without the attribute it
+// returns at once. pdl_trigger() lets the next kernel start early (its blocks are scheduled once
+// every block of this one has triggered or exited); it does not release any data by itself.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 }  // namespace ds::cuda

@@ -252,6 +252,8 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, const __nv_bf
                                                            int T, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rb = blockIdx.x * kWarps + warp;
+  pdl_trigger();
+  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   int c_begin, c_end;
   split_range(K, c_begin, c_end);
   float acc[NT][4];
@@ -283,8 +285,9 @@ constexpr int async_smem_bytes() {
 
 // cp.async main loop: chunk i + S - 1 is issued before chunk i is used, into the slot chunk
 // i - 1 used (already consumed: its values fed this thread's mma), so S - 1 chunks per warp
-// are in flight while one is computed. Same arguments as qgemv_kernel, plus
-// async_smem_bytes<Fmt, S>() of dynamic shared memory.
+// are in flight while one is computed. The first S - 1 chunks are issued before pdl_wait(), so
+// with programmatic dependent launch they stream while the previous kernel finishes. Same
+// arguments as qgemv_kernel, plus async_smem_bytes<Fmt, S>() of dynamic shared memory.
 template <class Fmt, int NT, int S>
 __global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, const __nv_bfloat16* __restrict__ x,
                                                                  OutParts out, float* __restrict__ partial,
@@ -303,21 +306,21 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, const _
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  if (rb * 16 < N) {
-    const int n = c_end - c_begin;
+  pdl_trigger();
+  const int n = rb * 16 < N ? c_end - c_begin : 0;
 #pragma unroll
-    for (int i = 0; i < S - 1; ++i) {
-      if (i < n) w.load_async(rb, c_begin + i, lane, N, ring + 32 * i);
-      cp_async_commit();  // one group per chunk, empty past the end, so the count below holds
-    }
-    for (int i = 0; i < n; ++i) {
-      const int ahead = i + S - 1;
-      if (ahead < n) w.load_async(rb, c_begin + ahead, lane, N, ring + 32 * (ahead % S));
-      cp_async_commit();
-      cp_async_wait<S - 1>();  // chunk i's group is complete
-      const Frag f = ring[32 * (i % S)];
-      accumulate_chunk<Fmt, NT>(w, f, x + int64_t(c_begin + i) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
-    }
+  for (int i = 0; i < S - 1; ++i) {  // weights only: they may stream while the previous kernel ends
+    if (i < n) w.load_async(rb, c_begin + i, lane, N, ring + 32 * i);
+    cp_async_commit();  // one group per chunk, empty past the end, so the count below holds
+  }
+  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
+  for (int i = 0; i < n; ++i) {
+    const int ahead = i + S - 1;
+    if (ahead < n) w.load_async(rb, c_begin + ahead, lane, N, ring + 32 * (ahead % S));
+    cp_async_commit();
+    cp_async_wait<S - 1>();  // chunk i's group is complete
+    const Frag f = ring[32 * (i % S)];
+    accumulate_chunk<Fmt, NT>(w, f, x + int64_t(c_begin + i) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
   }
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
 }
@@ -363,12 +366,21 @@ inline int choose_splits(int resident, int T, int N, int K, int max_tiles) {
 }
 
 // resident_blocks<Fmt, NT, D, kAsync>() must have been called before (it is, by the splits).
+// pdl: launched with programmatic stream serialization (gemv_pdl(), launchers.h).
 template <class Fmt, int NT, int D, bool kAsync>
 void launch(const Fmt& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters, int splits, int T,
             int N, int K, cudaStream_t s) {
-  const dim3 grid((N + kTileRows - 1) / kTileRows, splits);
-  const auto kernel = kernel_of<Fmt, NT, D, kAsync>();
-  kernel<<<grid, kWarps * 32, smem_of<Fmt, D, kAsync>(), s>>>(w, x, out, partial, counters, T, N, K);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((N + kTileRows - 1) / kTileRows, splits);
+  cfg.blockDim = dim3(kWarps * 32);
+  cfg.dynamicSmemBytes = smem_of<Fmt, D, kAsync>();
+  cfg.stream = s;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = gemv_pdl() ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, kernel_of<Fmt, NT, D, kAsync>(), w, x, out, partial, counters, T, N, K);
 }
 
 // The kernel's view of a launcher's GemvOut (launchers.h): row ends instead of row counts.

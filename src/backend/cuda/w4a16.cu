@@ -135,6 +135,10 @@ GemvLoop loop_from_env() {
 }
 
 GemvLoop g_loop = loop_from_env();
+bool g_pdl = [] {
+  const char* env = std::getenv("DS_PDL");
+  return env && std::string(env) == "1";
+}();
 
 // A kernel instance: NT token tiles of 8, D chunks per warp in flight (U) or ring slots (S).
 template <int NT_, int D_, bool kAsync_>
@@ -162,6 +166,8 @@ auto with_kernel(int T, F&& f) {
 
 GemvLoop w4a16_gemv_loop() { return g_loop; }
 void set_w4a16_gemv_loop(GemvLoop loop) { g_loop = loop; }
+bool gemv_pdl() { return g_pdl; }
+void set_gemv_pdl(bool on) { g_pdl = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
