@@ -1,6 +1,8 @@
 // Varlen causal depthwise conv1d + SiLU continuing from each sequence's conv state (the last
-// K-1 pre-conv rows), then the state update. Two kernels, so no thread reads a state row
-// another thread has already overwritten.
+// K-1 pre-conv rows), then the state update. Short chunks (decode, verify) take one kernel in
+// which a thread walks its (sequence, channel) with the window in registers; longer ones take
+// a kernel per (token, channel) and a second for the state, so no thread reads a state row
+// another thread has already overwritten. Both sum the same products in the same order.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
@@ -46,14 +48,55 @@ __global__ void conv1d_state_kernel(const bf16* mixed, bf16* state, const int32_
   for (int j = 0; j < R; ++j) state_s[int64_t(j) * C + c] = to_bf16(window_at(mixed, state_s, fresh, t0, R, T + j, c, C));
 }
 
+constexpr int kMaxShortK = 8;  // kernel widths the one-kernel path holds in registers
+
+// grid (n_seqs, ceil(C / blockDim)): thread (s, c) convolves the sequence's tokens in order with
+// the window [state; tokens] in registers, then stores the last K - 1 rows as the new state.
+__global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* state, bf16* out, const int32_t* cu_seqlens,
+                                    const int32_t* n_past, const int32_t* slots, int C, int K) {
+  const int s = blockIdx.x;
+  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+  const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0, R = K - 1;
+  if (c >= C || T == 0) return;
+  bf16* state_s = state + int64_t(slots[s]) * R * C;
+  const bool fresh = n_past[s] == 0;
+  float win[kMaxShortK], wk[kMaxShortK];
+#pragma unroll
+  for (int j = 0; j < kMaxShortK; ++j) {
+    wk[j] = j < K ? w[int64_t(c) * K + j] : 0.f;
+    win[j] = j < R && !fresh ? to_f32(state_s[int64_t(j) * C + c]) : 0.f;
+  }
+  for (int t = t0; t < t0 + T; ++t) {
+#pragma unroll
+    for (int j = 0; j < kMaxShortK; ++j)
+      if (j == R) win[j] = to_f32(mixed[int64_t(t) * C + c]);
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxShortK; ++j)
+      if (j < K) acc += wk[j] * win[j];
+    out[int64_t(t) * C + c] = to_bf16(silu_f(acc));
+#pragma unroll
+    for (int j = 0; j + 1 < kMaxShortK; ++j)
+      if (j < R) win[j] = win[j + 1];
+  }
+#pragma unroll
+  for (int j = 0; j < kMaxShortK; ++j)
+    if (j < R) state_s[int64_t(j) * C + c] = to_bf16(win[j]);
+}
+
 }  // namespace
 
 void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* out, const int32_t* seq_of_token,
                         const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int T, int n_seqs,
-                        int C, int K, cudaStream_t s) {
+                        int C, int K, int max_chunk, cudaStream_t s) {
   if (T == 0) return;
   const int threads = 128;
   const int cblocks = (C + threads - 1) / threads;
+  if (max_chunk <= kConvShortChunk && K <= kMaxShortK) {
+    conv1d_short_kernel<<<dim3(n_seqs, cblocks), threads, 0, s>>>(mixed, w, state, out, cu_seqlens, n_past, slots, C, K);
+    cuda_check_launch("conv1d_short", s);
+    return;
+  }
   conv1d_silu_kernel<<<dim3(T, cblocks), threads, 0, s>>>(mixed, w, state, out, seq_of_token, cu_seqlens, n_past,
                                                            slots, C, K);
   cuda_check_launch("conv1d_silu", s);

@@ -511,7 +511,7 @@ void CudaOps::conv1d_silu(Tensor mixed, Tensor w, int layer, Tensor out) {
   DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
   bf16* state = impl_->conv_states + size_t(layer) * geo_.n_slots * geo_.conv_rows * geo_.conv_dim;
   cuda::launch_conv1d_silu(B(mixed), F(w), state, B(out), impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
-                           impl_->slots, plan_.n_tokens(), plan_.n_seqs(), C, K, impl_->stream);
+                           impl_->slots, plan_.n_tokens(), plan_.n_seqs(), C, K, max_chunk_, impl_->stream);
 }
 
 void CudaOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& sh, int layer, Tensor out) {

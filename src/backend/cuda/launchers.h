@@ -128,10 +128,12 @@ void launch_small_gemv(const bf16* x, const bf16* w, bf16* out, int T, int N, in
 
 // Varlen causal depthwise conv + SiLU from the conv state, then the state update.
 // mixed bf16 [T, C]; w f32 [C, K]; state bf16 [n_slots, K-1, C]; out bf16 [T, C].
-// seq_of_token i32 [T]; cu_seqlens i32 [n_seqs+1]; n_past, slots i32 [n_seqs].
+// seq_of_token i32 [T]; cu_seqlens i32 [n_seqs+1]; n_past, slots i32 [n_seqs]. max_chunk: the
+// most tokens of one sequence; up to kConvShortChunk take the one-kernel path.
+constexpr int kConvShortChunk = 16;
 void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* out, const int32_t* seq_of_token,
                         const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int T, int n_seqs,
-                        int C, int K, cudaStream_t s);
+                        int C, int K, int max_chunk, cudaStream_t s);
 
 // Gated delta rule, token by token per (sequence, v-head), from and back to the state pool;
 // short_chunks (every sequence feeds <= 16 tokens: decode, verify) picks the register-state
