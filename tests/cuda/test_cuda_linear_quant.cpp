@@ -99,9 +99,11 @@ W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group) {
 // Every GEMV main loop at every token count the GEMV takes (one launch, NT 1/2/4 and 32-token
 // slices), then the dequantise + cuBLAS path once (T 200).
 // (The register loop also runs with programmatic dependent launch.)
+// With 64 tokens per launch (NT 8), T 33, 64 and 100 as well.
 struct GemvRun {
   cuda::GemvLoop loop;
   bool pdl;
+  int per_launch;
   int T;
 };
 std::vector<GemvRun> loops_and_tokens() {
@@ -109,15 +111,18 @@ std::vector<GemvRun> loops_and_tokens() {
   for (auto [loop, pdl] : std::vector<std::pair<cuda::GemvLoop, bool>>{{cuda::GemvLoop::kRegisters, false},
                                                                        {cuda::GemvLoop::kRegisters, true},
                                                                        {cuda::GemvLoop::kAsync4, true},
-                                                                       {cuda::GemvLoop::kAsync8, false}})
-    for (int T : {1, 2, 7, 8, 9, 16, 17, 100}) v.push_back({loop, pdl, T});
-  v.push_back({cuda::GemvLoop::kRegisters, false, 200});
+                                                                       {cuda::GemvLoop::kAsync8, false}}) {
+    for (int T : {1, 2, 7, 8, 9, 16, 17, 100}) v.push_back({loop, pdl, 32, T});
+    for (int T : {33, 64, 100}) v.push_back({loop, pdl, 64, T});
+  }
+  v.push_back({cuda::GemvLoop::kRegisters, false, 32, 200});
   return v;
 }
 
 TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
   const bool pdl_before = cuda::gemv_pdl();
+  const int tokens_before = cuda::w4a16_gemv_tokens();
   struct Shape {
     int N, K, group;
   };
@@ -131,6 +136,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       const int T = run.T;
       cuda::set_w4a16_gemv_loop(run.loop);
       cuda::set_gemv_pdl(run.pdl);
+      cuda::set_w4a16_gemv_tokens(run.per_launch);
       std::vector<float> x = random_bf16(size_t(T) * sh.K, rng);
       Tensor xc = cpu.upload(x.data(), DType::kF32, {T, sh.K}, DType::kF32);
       Tensor xg = gpu->upload(x.data(), DType::kF32, {T, sh.K}, DType::kBF16);
@@ -142,7 +148,8 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       const std::vector<float> got = download(og);
       const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                std::to_string(sh.group) + " T" + std::to_string(T) + " loop " +
-                               std::to_string(static_cast<int>(run.loop)) + (run.pdl ? " pdl" : "");
+                               std::to_string(static_cast<int>(run.loop)) + (run.pdl ? " pdl" : "") + " per launch " +
+                               std::to_string(run.per_launch);
       EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
       if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
         gpu->linear_quantized(xg, c.gpu_w, og);
@@ -154,6 +161,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   }
   cuda::set_w4a16_gemv_loop(loop_before);
   cuda::set_gemv_pdl(pdl_before);
+  cuda::set_w4a16_gemv_tokens(tokens_before);
 }
 
 TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
@@ -235,6 +243,7 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
                                      {cuda::GemvLoop::kAsync8, true, "async8+pdl"}};
   const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
   const bool pdl_before = cuda::gemv_pdl();
+  const int tokens_before = cuda::w4a16_gemv_tokens();
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -256,8 +265,9 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
     for (size_t li = 0; li < loops.size(); ++li) {
       cuda::set_w4a16_gemv_loop(loops[li].loop);
       cuda::set_gemv_pdl(loops[li].pdl);
-      for (int T : {1, 8, 16, 17, 512}) {
-        if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // prefill path: one shape
+      for (int T : {1, 8, 16, 17, 64, 512}) {
+        if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // longer steps: one shape
+        cuda::set_w4a16_gemv_tokens(T == 64 ? 64 : 32);  // 64: one NT-8 launch instead of two slices
         Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
         gpu->fill_random(x, 0.f, 1.f, 300);
         Tensor out = gpu->alloc(DType::kBF16, {T, l.N});
@@ -272,6 +282,7 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
   }
   cuda::set_w4a16_gemv_loop(loop_before);
   cuda::set_gemv_pdl(pdl_before);
+  cuda::set_w4a16_gemv_tokens(tokens_before);
   for (size_t li = 0; li < loops.size(); ++li)
     for (int f = 0; f < 2; ++f)
       for (int i = 0; i < 2; ++i) {

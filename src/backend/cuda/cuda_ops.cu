@@ -401,13 +401,9 @@ void CudaOps::linear_w4a16(Tensor x, const LinearWeight& w, const cuda::GemvOut&
   if (T == 0) return;
   const auto* tiled = static_cast<const uint32_t*>(w.packed.data);
   // Steps of up to kW4A16GemvSliceTokens tokens take the GEMV in slices of up to
-  // gemv_max_tokens tokens (weights read once per slice); longer ones dequantise + cuBLAS,
+  // w4a16_gemv_tokens() tokens (weights read once per slice); longer ones dequantise + cuBLAS,
   // which moves about 9x the weight bytes but runs on tensor cores at full rate.
-  // env: DS_W4A16_GEMV_MAX_TOKENS (0 .. 32, default 32; 0: always dequantise)
-  static const int gemv_max_tokens = [] {
-    const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
-    return std::clamp(env ? std::atoi(env) : cuda::kW4A16GemvMaxTokens, 0, cuda::kW4A16GemvMaxTokens);
-  }();
+  const int gemv_max_tokens = cuda::w4a16_gemv_tokens();
   constexpr int kW4A16GemvSliceTokens = 128;
   const size_t mark = scratch_mark();
   if (gemv_max_tokens > 0 && T <= kW4A16GemvSliceTokens) {

@@ -52,7 +52,7 @@ void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, u
 // > 1, partial is scratch f32 [splits, T, N] and counters i32 [kGemvMaxSplitTiles], zero before
 // the first launch and left zero by each (one stream at a time).
 constexpr int kGemvMaxSplitTiles = 4096;
-constexpr int kW4A16GemvMaxTokens = 32;
+constexpr int kW4A16GemvMaxTokens = 64;  // the kernel's limit per launch
 constexpr int kInt8GemvMaxTokens = 64;
 constexpr int kGemvMaxParts = 4;
 
@@ -89,6 +89,10 @@ void set_w4a16_gemv_loop(GemvLoop loop);
 // kernels that feed them call pdl_trigger (ptx.cuh). env DS_PDL = 0 | 1 (default 0).
 bool gemv_pdl();
 void set_gemv_pdl(bool on);
+// Tokens per W4A16 GEMV launch (longer steps up to 128 tokens run it in slices; 0: always
+// dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 32).
+int w4a16_gemv_tokens();
+void set_w4a16_gemv_tokens(int n);
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
 // (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).

@@ -139,6 +139,10 @@ bool g_pdl = [] {
   const char* env = std::getenv("DS_PDL");
   return env && std::string(env) == "1";
 }();
+int g_tokens = [] {
+  const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
+  return std::clamp(env ? std::atoi(env) : 32, 0, kW4A16GemvMaxTokens);
+}();
 
 // A kernel instance: NT token tiles of 8, D chunks per warp in flight (U) or ring slots (S).
 template <int NT_, int D_, bool kAsync_>
@@ -152,13 +156,20 @@ template <class F>
 auto with_kernel(int T, F&& f) {
   switch (g_loop) {
     case GemvLoop::kAsync4:
-      return T <= 8 ? f(Kernel<1, 4, true>{}) : T <= 16 ? f(Kernel<2, 4, true>{}) : f(Kernel<4, 4, true>{});
+      return T <= 8    ? f(Kernel<1, 4, true>{})
+             : T <= 16 ? f(Kernel<2, 4, true>{})
+             : T <= 32 ? f(Kernel<4, 4, true>{})
+                       : f(Kernel<8, 4, true>{});
     case GemvLoop::kAsync8:
-      return T <= 8 ? f(Kernel<1, 8, true>{}) : T <= 16 ? f(Kernel<2, 8, true>{}) : f(Kernel<4, 8, true>{});
+      return T <= 8    ? f(Kernel<1, 8, true>{})
+             : T <= 16 ? f(Kernel<2, 8, true>{})
+             : T <= 32 ? f(Kernel<4, 8, true>{})
+                       : f(Kernel<8, 8, true>{});
     default:
       return T <= 8    ? f(Kernel<1, kChunksInFlight, false>{})
              : T <= 16 ? f(Kernel<2, kChunksInFlight, false>{})
-                       : f(Kernel<4, kChunksInFlight, false>{});
+             : T <= 32 ? f(Kernel<4, kChunksInFlight, false>{})
+                       : f(Kernel<8, kChunksInFlight, false>{});
   }
 }
 
@@ -168,6 +179,8 @@ GemvLoop w4a16_gemv_loop() { return g_loop; }
 void set_w4a16_gemv_loop(GemvLoop loop) { g_loop = loop; }
 bool gemv_pdl() { return g_pdl; }
 void set_gemv_pdl(bool on) { g_pdl = on; }
+int w4a16_gemv_tokens() { return g_tokens; }
+void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
