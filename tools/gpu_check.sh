@@ -38,14 +38,14 @@ BENCH=(.devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synt
 if [ "${DS_SKIP_BENCH:-0}" != 1 ]; then
   "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384,51200 --json "$OUT/bench_model_w4a16.jsonl" \
     > "$OUT/bench_model_w4a16.txt" 2> "$OUT/bench_model_w4a16.log" || status=1
-  # Decode A/B, one process per setting (name:DS_W4A16_GEMV_LOOP:DS_PDL:DS_FUSE_LINEARS), batch 1
-  # and 8 at 1k. env: DS_AB overrides the list; DS_AB=none skips it.
-  AB="${DS_AB:-regs:regs:0:1 async4:async4:0:1 async8:async8:0:1 async4+pdl:async4:1:1 regs+pdl:regs:1:1 unfused:regs:0:0}"
+  # Decode A/B, one process per setting name:DS_W4A16_GEMV_LOOP:DS_PDL:DS_FUSE_LINEARS:DS_W4A16_GEMV_MAX_TOKENS,
+  # batch 1, 8 and 64 at 1k. env: DS_AB overrides the list; DS_AB=none skips it.
+  AB="${DS_AB:-regs:regs:0:1:32 async4:async4:0:1:32 async8:async8:0:1:32 async4+pdl:async4:1:1:32 regs+pdl:regs:1:1:32 unfused:regs:0:0:32 tok64:regs:0:1:64}"
   if [ "$AB" != none ]; then
     for cfg in $AB; do
-      IFS=: read -r name loop pdl fuse <<< "$cfg"
-      DS_W4A16_GEMV_LOOP=$loop DS_PDL=$pdl DS_FUSE_LINEARS=$fuse "${BENCH[@]}" --w4a16 --batches 1,8 --contexts 1024 \
-        --verify 0 --prefill 0 > "$OUT/ab_$name.txt" 2> "$OUT/ab_$name.log" || status=1
+      IFS=: read -r name loop pdl fuse tokens <<< "$cfg"
+      DS_W4A16_GEMV_LOOP=$loop DS_PDL=$pdl DS_FUSE_LINEARS=$fuse DS_W4A16_GEMV_MAX_TOKENS=$tokens "${BENCH[@]}" --w4a16 \
+        --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 > "$OUT/ab_$name.txt" 2> "$OUT/ab_$name.log" || status=1
     done
   fi
   # Batch-1 decode with step graphs off: what the graphs save.
