@@ -4,6 +4,7 @@
 #include "backend/cuda/cuda_ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -42,13 +43,14 @@ struct CudaOps::Impl {
   bf16 *k_cache = nullptr, *v_cache = nullptr, *conv_states = nullptr;
   void* rec_states = nullptr;
   void* cublas_workspace = nullptr;
-  // Recorded decode steps by shape (sequences, block-table width); see run_step.
+  // Recorded decode and verify steps by shape (sequences, tokens per sequence, logit rows,
+  // block-table width); see run_step.
   struct StepGraph {
     cudaGraphExec_t exec = nullptr;
     std::vector<Tensor> outputs;
     size_t scratch_begin = 0, scratch_end = 0;
   };
-  std::map<std::pair<int, int>, StepGraph> graphs;
+  std::map<std::array<int, 4>, StepGraph> graphs;
 
   void clear_graphs() {
     for (auto& [key, g] : graphs) cudaGraphExecDestroy(g.exec);
@@ -262,14 +264,18 @@ void CudaOps::begin_step(const StepPlan& plan) {
     max_chunk_ = std::max(max_chunk_, chunk);
     max_ctx_ = std::max(max_ctx_, plan.n_past[s] + chunk);
   }
-  // Decode steps (one token and one logit row per sequence) may run as recorded graphs. Their
-  // shape must not change with the context length, so the block tables are padded to a
-  // power-of-two width and attention splits the whole width.
+  // Decode and verify steps (every sequence the same 1..16 new tokens, one logit row per
+  // sequence or per token) may run as recorded graphs. Their shape must not change with the
+  // context length, so the block tables are padded to a power-of-two width and attention
+  // splits the whole width.
   static const bool graphs_enabled = [] {  // env: DS_CUDA_GRAPHS=0 turns step graphs off
     const char* env = std::getenv("DS_CUDA_GRAPHS");
     return !(env && std::string(env) == "0");
   }();
-  graph_step_ = graphs_enabled && plan.n_seqs() > 0 && plan.n_tokens() == plan.n_seqs() && plan.n_out() == plan.n_seqs();
+  constexpr int kGraphMaxChunk = 16;
+  bool uniform = plan.n_seqs() > 0 && max_chunk_ <= kGraphMaxChunk;
+  for (int s = 0; uniform && s < plan.n_seqs(); ++s) uniform = plan.cu_seqlens[s + 1] - plan.cu_seqlens[s] == max_chunk_;
+  graph_step_ = graphs_enabled && uniform && (plan.n_out() == plan.n_seqs() || plan.n_out() == plan.n_tokens());
   table_width_ = plan.max_blocks;
   std::vector<int32_t> padded;
   const std::vector<int32_t>* tables = &plan.block_tables;
@@ -317,7 +323,7 @@ std::vector<Tensor> CudaOps::run_step(const std::function<std::vector<Tensor>()>
   if (!graph_step_) return record();
   // Same shape, same plan-buffer offsets and same scratch layout: the recording reads this
   // step's plan arrays and writes the same scratch tensors.
-  const std::pair<int, int> key{plan_.n_seqs(), table_width_};
+  const std::array<int, 4> key{plan_.n_seqs(), max_chunk_, plan_.n_out(), table_width_};
   auto it = impl_->graphs.find(key);
   if (it == impl_->graphs.end() || it->second.scratch_begin != scratch_used_) {
     if (it != impl_->graphs.end()) {
