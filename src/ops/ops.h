@@ -136,6 +136,17 @@ class Ops {
   // qkv act [T, 2*Hk*dk + Hv*dv] (post-conv); g, beta f32 [T, Hv]; out act [T, Hv, dv]
   virtual void gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& shape, int state_layer,
                                 Tensor out) = 0;
+  // gdn_gates, then gated_delta_rule with those gates: one op where a backend makes the gates
+  // inside the delta-rule kernel (CUDA at decode). a, b act [T, Hv]; a_log, dt_bias f32 [Hv];
+  // the rest as gated_delta_rule.
+  virtual void gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
+                                    const GdnShape& shape, int state_layer, Tensor out) {
+    const int64_t T = a.dim(0), Hv = a.dim(1);
+    Tensor g = scratch(DType::kF32, {T, Hv});     // log-decay
+    Tensor beta = scratch(DType::kF32, {T, Hv});  // write strength
+    gdn_gates(a, b, a_log, dt_bias, g, beta);
+    gated_delta_rule(qkv, g, beta, shape, state_layer, out);
+  }
   // out = w * (x / rms(x)) * act(z), act = sigmoid if sigmoid_gate else silu.
   // x, z act [R, D]; w f32 [D]; out act [R, D]
   virtual void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) = 0;

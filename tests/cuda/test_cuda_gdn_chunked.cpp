@@ -189,8 +189,8 @@ struct DeviceProblem {
       cuda::launch_gdn_chunked(q, g.ptr, beta.ptr, state.ptr, p.state_dtype, o, cu.ptr, past.ptr, slots.ptr,
                                p.n_seqs(), p.tokens(), p.max_len(), p.Hk, p.Hv, p.dk, p.dv, scratch.ptr, s);
     else
-      cuda::launch_gdn_recurrent(q, g.ptr, beta.ptr, state.ptr, p.state_dtype, o, cu.ptr, past.ptr, slots.ptr,
-                                 p.n_seqs(), p.Hk, p.Hv, p.dk, p.dv, /*split_columns=*/false, s);
+      cuda::launch_gdn_recurrent(q, cuda::GdnGates{g.ptr, beta.ptr}, state.ptr, p.state_dtype, o, cu.ptr, past.ptr,
+                                 slots.ptr, p.n_seqs(), p.Hk, p.Hv, p.dk, p.dv, /*short_chunks=*/false, s);
   }
   std::vector<float> out_f32() const {
     std::vector<uint16_t> b = out.download();

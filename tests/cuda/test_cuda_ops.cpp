@@ -191,24 +191,34 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     auto a_log = both(random_bf16(Hv, rng, 0.5f), {Hv}, true);
     auto dt_bias = both(random_bf16(Hv, rng, 0.5f), {Hv}, true);
     std::vector<int> past = {0, 0, 0};
-    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 63, 130}, {1, 1, 9}}) {
+    // A long step, then decode and verify sized ones; the last two through gdn_gates_delta_rule
+    // (on CUDA the decode kernel makes the gates itself; the CPU runs the two ops).
+    const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {8, 8, 8}};
+    for (size_t step = 0; step < steps.size(); ++step) {
+      const std::vector<int>& lens = steps[step];
+      const bool fused = step >= 2;
       const int T = lens[0] + lens[1] + lens[2];
       begin(make_plan(lens, past, 16, 1));
       auto a = both(random_bf16(T * Hv, rng), {T, Hv});
       auto b = both(random_bf16(T * Hv, rng), {T, Hv});
-      auto gg = outputs({T, Hv}, true);
-      auto beta = outputs({T, Hv}, true);
-      cpu.gdn_gates(a.first, b.first, a_log.first, dt_bias.first, gg.first, beta.first);
-      gpu->gdn_gates(a.second, b.second, a_log.second, dt_bias.second, gg.second, beta.second);
-      expect_close(gg, 1e-5, "gdn_g");
-      expect_close(beta, 1e-5, "gdn_beta");
       auto qkv = both(random_bf16(T * C, rng), {T, C});
       auto out = outputs({T, Hv, dv});
       GdnShape sh{Hk, Hv, dk, dv};
-      cpu.gated_delta_rule(qkv.first, gg.first, beta.first, sh, 1, out.first);
-      gpu->gated_delta_rule(qkv.second, gg.second, beta.second, sh, 1, out.second);
+      if (fused) {
+        cpu.gdn_gates_delta_rule(qkv.first, a.first, b.first, a_log.first, dt_bias.first, sh, 1, out.first);
+        gpu->gdn_gates_delta_rule(qkv.second, a.second, b.second, a_log.second, dt_bias.second, sh, 1, out.second);
+      } else {
+        auto gg = outputs({T, Hv}, true);
+        auto beta = outputs({T, Hv}, true);
+        cpu.gdn_gates(a.first, b.first, a_log.first, dt_bias.first, gg.first, beta.first);
+        gpu->gdn_gates(a.second, b.second, a_log.second, dt_bias.second, gg.second, beta.second);
+        expect_close(gg, 1e-5, "gdn_g");
+        expect_close(beta, 1e-5, "gdn_beta");
+        cpu.gated_delta_rule(qkv.first, gg.first, beta.first, sh, 1, out.first);
+        gpu->gated_delta_rule(qkv.second, gg.second, beta.second, sh, 1, out.second);
+      }
       const double tol = sd == StateDType::kF32 ? 1e-2 : sd == StateDType::kF16 ? 1.5e-2 : 3e-2;
-      expect_close(out, tol, "gdn_rule_state" + std::to_string(static_cast<int>(sd)));
+      expect_close(out, tol, "gdn_rule_state" + std::to_string(static_cast<int>(sd)) + "_step" + std::to_string(step));
       for (int s = 0; s < 3; ++s) past[s] += lens[s];
     }
   }

@@ -37,6 +37,15 @@ __device__ __forceinline__ float block_sum(float v) {
   return total;
 }
 
+// The GDN gates of one (token, v-head) from its projections a, b and the head's a_log, dt_bias:
+// g = -exp(a_log) * softplus(a + dt_bias) (the log-decay), beta = sigmoid(b).
+__device__ __forceinline__ void gdn_gate(float a, float b, float a_log, float dt_bias, float& g, float& beta) {
+  const float x = a + dt_bias;
+  const float softplus = x > 20.f ? x : log1pf(expf(x));
+  g = -expf(a_log) * softplus;
+  beta = sigmoid_f(b);
+}
+
 // One element of a GDN recurrent state pool stored as fp32 (dtype 0), fp16 (1) or bf16 (2).
 __device__ __forceinline__ float load_state(const void* p, int64_t i, int dtype) {
   if (dtype == 0) return static_cast<const float*>(p)[i];

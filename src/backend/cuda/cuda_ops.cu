@@ -536,9 +536,33 @@ void CudaOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape
     scratch_release(mark);  // stream order: later work reuses it only after these kernels
     return;
   }
-  cuda::launch_gdn_recurrent(B(qkv), F(g), F(beta), state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
+  cuda::launch_gdn_recurrent(B(qkv), cuda::GdnGates{F(g), F(beta)}, state, state_code(options_.state_dtype), B(out),
+                             impl_->cu_seqlens, impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads,
+                             sh.n_v_heads, sh.k_head_dim, sh.v_head_dim,
+                             /*short_chunks=*/max_chunk_ <= cuda::kGdnDecodeMaxTokens, impl_->stream);
+}
+
+void CudaOps::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& sh,
+                                   int layer, Tensor out) {
+  if (max_chunk_ > cuda::kGdnDecodeMaxTokens || !cuda::gdn_decode_supported(sh.k_head_dim)) {
+    Ops::gdn_gates_delta_rule(qkv, a, b, a_log, dt_bias, sh, layer, out);  // a gates launch, then the rule
+    return;
+  }
+  DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
+  DS_ASSERT(sh.n_v_heads == geo_.n_v_heads && sh.k_head_dim == geo_.k_head_dim && sh.v_head_dim == geo_.v_head_dim,
+            "GDN geometry");
+  expect_bf16(a, "gdn a");
+  expect_bf16(b, "gdn b");
+  const size_t per_layer = size_t(geo_.n_slots) * sh.n_v_heads * sh.k_head_dim * sh.v_head_dim;
+  void* state = static_cast<char*>(impl_->rec_states) + layer * per_layer * state_elem_size(options_.state_dtype);
+  cuda::GdnGates gates;
+  gates.a = B(a);
+  gates.b = B(b);
+  gates.a_log = F(a_log);
+  gates.dt_bias = F(dt_bias);
+  cuda::launch_gdn_recurrent(B(qkv), gates, state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
-                             sh.v_head_dim, /*short_chunks=*/max_chunk_ <= 16, impl_->stream);
+                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream);
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {

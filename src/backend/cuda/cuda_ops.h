@@ -70,6 +70,8 @@ class CudaOps final : public Ops {
   void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;
   void gdn_gates(Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, Tensor g, Tensor beta) override;
   void gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& shape, int state_layer, Tensor out) override;
+  void gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
+                            int state_layer, Tensor out) override;
   void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) override;
   void split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) override;
   void rope(Tensor x, int rotary_dim, double theta) override;

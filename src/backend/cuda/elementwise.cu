@@ -212,10 +212,7 @@ __global__ void gdn_gates_kernel(const bf16* a, const bf16* b, const float* a_lo
                                  float* beta, int64_t n, int Hv) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i % Hv);
-    const float x = to_f32(a[i]) + dt_bias[h];
-    const float softplus = x > 20.f ? x : log1pf(expf(x));
-    g[i] = -expf(a_log[h]) * softplus;
-    beta[i] = sigmoid_f(to_f32(b[i]));
+    gdn_gate(to_f32(a[i]), to_f32(b[i]), a_log[h], dt_bias[h], g[i], beta[i]);
   }
 }
 

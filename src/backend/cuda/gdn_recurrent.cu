@@ -70,30 +70,67 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
     if (j < cols) store_state(state, state_off + int64_t(i) * dv + col0 + j, S[i * cols + j], state_dtype);
 }
 
-// Decode-sized chunks (<= 16 tokens per sequence, dk <= 128): one CTA of 4 warps per
-// (sequence, v-head, 32 state columns); lane = column, warp w holds rows [w*rpw, (w+1)*rpw) of
-// those columns in registers (rpw = dk/4 rounded up), so the state is read and written once
-// per step with no shared-memory copy; the column sums over rows are reduced across the
-// 4 warps through shared memory.
+// Decode-sized chunks (<= kGdnDecodeMaxTokens tokens per sequence, dk <= 128): one CTA of 4
+// warps per (sequence, v-head, 32 state columns); lane = column, warp w holds rows
+// [w*rpw, (w+1)*rpw) of those columns in registers (rpw = dk/4 rounded up), so the state is read
+// and written once per step with no shared-memory copy. A prologue loads every token's q, k
+// (L2-normalised, a warp per token), v and gates into shared memory at once; the token loop
+// then only sums columns over the 4 warps, through two shared buffers (two barriers a token).
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeMaxRows = 32;  // rows per warp: dk <= 128
+constexpr int kDecodeMaxK = kDecodeWarps * kDecodeMaxRows;
 
 __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
-    const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype, bf16* out,
-    const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int Hk, int Hv, int dk, int dv) {
-  __shared__ float qs[kDecodeWarps * kDecodeMaxRows], ks[kDecodeWarps * kDecodeMaxRows];  // [dk]
-  __shared__ float red[kDecodeWarps][32];
+    const bf16* qkv, GdnGates gates, void* state, int state_dtype, bf16* out, const int32_t* cu_seqlens,
+    const int32_t* n_past, const int32_t* slots, int Hk, int Hv, int dk, int dv) {
+  __shared__ float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk]
+  __shared__ float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk]
+  __shared__ float vs[kGdnDecodeMaxTokens][32];           // values of the CTA's columns [T, 32]
+  __shared__ float alpha_s[kGdnDecodeMaxTokens], beta_s[kGdnDecodeMaxTokens];
+  __shared__ float red[2][kDecodeWarps][32];              // per-warp column sums: k^T S, then q^T S
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int col = blockIdx.z * 32 + lane;
   const bool has_col = col < dv;
-  const int t0 = cu_seqlens[s], t1 = cu_seqlens[s + 1];
-  if (t1 == t0) return;
+  const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0;
+  if (T == 0) return;
   const int rpw = (dk + kDecodeWarps - 1) / kDecodeWarps;
   const int i0 = warp * rpw;
   const int C = 2 * Hk * dk + Hv * dv;
   const int64_t state_off = (int64_t(slots[s]) * Hv + h) * dk * dv;
   const bool fresh = n_past[s] == 0;
+
+  const float q_scale = rsqrtf(static_cast<float>(dk));
+  for (int t = warp; t < T; t += kDecodeWarps) {
+    const bf16* row = qkv + int64_t(t0 + t) * C;
+    float qv[kDecodeMaxK / 32], kv[kDecodeMaxK / 32], qss = 0.f, kss = 0.f;
+#pragma unroll
+    for (int e = 0; e < kDecodeMaxK / 32; ++e) {
+      const int j = lane + 32 * e;
+      qv[e] = j < dk ? to_f32(row[kh * dk + j]) : 0.f;
+      kv[e] = j < dk ? to_f32(row[Hk * dk + kh * dk + j]) : 0.f;
+      qss += qv[e] * qv[e];
+      kss += kv[e] * kv[e];
+    }
+    const float qn = rsqrtf(warp_sum(qss) + 1e-6f) * q_scale, kn = rsqrtf(warp_sum(kss) + 1e-6f);
+#pragma unroll
+    for (int e = 0; e < kDecodeMaxK / 32; ++e) {
+      const int j = lane + 32 * e;
+      if (j < dk) {
+        qs[t][j] = qv[e] * qn;
+        ks[t][j] = kv[e] * kn;
+      }
+    }
+    vs[t][lane] = has_col ? to_f32(row[2 * Hk * dk + h * dv + col]) : 0.f;
+    if (lane == 0) {
+      const int64_t i = int64_t(t0 + t) * Hv + h;
+      float g, beta;
+      if (gates.a) gdn_gate(to_f32(gates.a[i]), to_f32(gates.b[i]), gates.a_log[h], gates.dt_bias[h], g, beta);
+      else g = gates.g[i], beta = gates.beta[i];
+      alpha_s[t] = expf(g);
+      beta_s[t] = beta;
+    }
+  }
   float S[kDecodeMaxRows];
 #pragma unroll
   for (int r = 0; r < kDecodeMaxRows; ++r) {
@@ -101,50 +138,37 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     S[r] = (r < rpw && i < dk && has_col && !fresh) ? load_state(state, state_off + int64_t(i) * dv + col, state_dtype)
                                                      : 0.f;
   }
-  const float q_scale = rsqrtf(static_cast<float>(dk));
-  for (int t = t0; t < t1; ++t) {
-    const bf16* row = qkv + int64_t(t) * C;
-    const int j = threadIdx.x;
-    const float qv = j < dk ? to_f32(row[kh * dk + j]) : 0.f;
-    const float kv = j < dk ? to_f32(row[Hk * dk + kh * dk + j]) : 0.f;
-    const float qss = block_sum(qv * qv);  // synchronises: qs/ks of the previous token are no longer read
-    const float kss = block_sum(kv * kv);
-    if (j < dk) {
-      qs[j] = qv * rsqrtf(qss + 1e-6f) * q_scale;
-      ks[j] = kv * rsqrtf(kss + 1e-6f);
-    }
-    __syncthreads();
-    const float alpha = expf(g[int64_t(t) * Hv + h]);
-    const float b = beta[int64_t(t) * Hv + h];
+  __syncthreads();
+
+  for (int t = 0; t < T; ++t) {
+    const float alpha = alpha_s[t];
     float part = 0.f;  // this warp's rows of (alpha S)^T k for the lane's column
 #pragma unroll
     for (int r = 0; r < kDecodeMaxRows; ++r) {
       S[r] *= alpha;  // decay first
-      if (r < rpw && i0 + r < dk) part += S[r] * ks[i0 + r];
+      if (r < rpw && i0 + r < dk) part += S[r] * ks[t][i0 + r];
     }
-    red[warp][lane] = part;
-    __syncthreads();
+    red[0][warp][lane] = part;
+    __syncthreads();  // (also: every warp has read red[0] of the previous token before this one's o)
     float mcol = 0.f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) mcol += red[w][lane];
-    const float v = has_col ? to_f32(row[2 * Hk * dk + h * dv + col]) : 0.f;
-    const float delta = b * (v - mcol);
+    for (int w = 0; w < kDecodeWarps; ++w) mcol += red[0][w][lane];
+    const float delta = beta_s[t] * (vs[t][lane] - mcol);
     float o = 0.f;
 #pragma unroll
     for (int r = 0; r < kDecodeMaxRows; ++r) {
       if (r < rpw && i0 + r < dk) {
-        S[r] += ks[i0 + r] * delta;
-        o += S[r] * qs[i0 + r];  // read after the update
+        S[r] += ks[t][i0 + r] * delta;
+        o += S[r] * qs[t][i0 + r];  // read after the update
       }
     }
-    __syncthreads();  // every warp has read red[] for m
-    red[warp][lane] = o;
-    __syncthreads();
+    red[1][warp][lane] = o;
+    __syncthreads();  // every warp has read red[0] (the next token may write it); red[1] complete
     if (warp == 0 && has_col) {
       float ocol = 0.f;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) ocol += red[w][lane];
-      out[(int64_t(t) * Hv + h) * dv + col] = to_bf16(ocol);
+      for (int w = 0; w < kDecodeWarps; ++w) ocol += red[1][w][lane];
+      out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(ocol);
     }
   }
 #pragma unroll
@@ -156,17 +180,22 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
 
 }  // namespace
 
-void launch_gdn_recurrent(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
-                          bf16* out, const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs,
-                          int Hk, int Hv, int dk, int dv, bool short_chunks, cudaStream_t s) {
+bool gdn_decode_supported(int dk) { return dk <= kDecodeMaxK; }
+
+void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
+                          const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
+                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s) {
   if (n_seqs == 0) return;
-  if (short_chunks && dk <= kDecodeWarps * kDecodeMaxRows) {
+  if (short_chunks && gdn_decode_supported(dk)) {
     const dim3 grid(n_seqs, Hv, (dv + 31) / 32);
-    gdn_decode_kernel<<<grid, kDecodeWarps * 32, 0, s>>>(qkv, g, beta, state, state_dtype, out, cu_seqlens, n_past,
+    gdn_decode_kernel<<<grid, kDecodeWarps * 32, 0, s>>>(qkv, gates, state, state_dtype, out, cu_seqlens, n_past,
                                                          slots, Hk, Hv, dk, dv);
     cuda_check_launch("gdn_decode", s);
     return;
   }
+  DS_ASSERT(gates.g && gates.beta, "the long-chunk GDN kernel takes precomputed gates");
+  const float* g = gates.g;
+  const float* beta = gates.beta;
   const int cols = dv;
   const int threads = ((std::max(dk, cols) + 31) / 32) * 32;  // dk threads load q and k; cols threads update S
   const size_t smem = (size_t(dk) * cols + 2 * dk) * sizeof(float);

@@ -140,13 +140,26 @@ void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* ou
                         int C, int K, int max_chunk, cudaStream_t s);
 
 // Gated delta rule, token by token per (sequence, v-head), from and back to the state pool;
-// short_chunks (every sequence feeds <= 16 tokens: decode, verify) picks the register-state
-// kernel that spreads each head over tiles of 32 state columns.
-// qkv bf16 [T, 2*Hk*dk + Hv*dv]; g, beta f32 [T, Hv]; state [n_slots, Hv, dk, dv] of
-// state_dtype (0 f32, 1 f16, 2 bf16); out bf16 [T, Hv, dv].
-void launch_gdn_recurrent(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
-                          bf16* out, const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs,
-                          int Hk, int Hv, int dk, int dv, bool short_chunks, cudaStream_t s);
+// short_chunks (every sequence feeds <= kGdnDecodeMaxTokens tokens: decode, verify) picks the
+// register-state kernel that spreads each head over tiles of 32 state columns (dk <= 128).
+// qkv bf16 [T, 2*Hk*dk + Hv*dv]; state [n_slots, Hv, dk, dv] of state_dtype (0 f32, 1 f16,
+// 2 bf16); out bf16 [T, Hv, dv].
+constexpr int kGdnDecodeMaxTokens = 16;
+// The gates: g (log-decay) and beta f32 [T, Hv] as launch_gdn_gates makes them, or, for the
+// register-state kernel only, a and b bf16 [T, Hv] with a_log, dt_bias f32 [Hv], from which
+// it makes them itself (gdn_gate, common.cuh) and saves the gates launch.
+struct GdnGates {
+  const float* g = nullptr;
+  const float* beta = nullptr;
+  const bf16* a = nullptr;
+  const bf16* b = nullptr;
+  const float* a_log = nullptr;
+  const float* dt_bias = nullptr;
+};
+bool gdn_decode_supported(int dk);
+void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
+                          const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
+                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s);
 
 // Gated delta rule prefill in chunks of 64 tokens on tensor cores (gdn_chunked.cu), same
 // contract as launch_gdn_recurrent for head dims up to 128 (gdn_chunked_supported). T: tokens
