@@ -156,6 +156,19 @@ class Ops {
   virtual void split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) = 0;
   // NeoX rotation of the first rotary_dim dims of every head at plan.positions. x act [T, n, hd]
   virtual void rope(Tensor x, int rotary_dim, double theta) = 0;
+  // The attention block's inputs in one op where a backend fuses it: split_query_gate, rms_norm
+  // of every query head (q_norm) and key head (k_norm), then rope of both. p act [T, nH*2*hd];
+  // k act [T, nKV, hd] (normalised and rotated in place); q act [T, nH, hd] and gate act
+  // [T, nH*hd] are written; q_norm, k_norm f32 [hd].
+  virtual void attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim,
+                              double theta, Tensor q, Tensor gate) {
+    const int64_t T = q.dim(0), nH = q.dim(1), hd = q.dim(2), nKV = k.dim(1);
+    split_query_gate(p, static_cast<int>(nH), static_cast<int>(hd), q, gate);
+    rms_norm(q.view({T * nH, hd}), q_norm, eps, q.view({T * nH, hd}));
+    rms_norm(k.view({T * nKV, hd}), k_norm, eps, k.view({T * nKV, hd}));
+    rope(q, rotary_dim, theta);
+    rope(k, rotary_dim, theta);
+  }
   // Appends k, v to the paged cache of kv_layer at each sequence's n_past, then causal GQA
   // attention of q over the sequence's cache. q act [T, nH, hd]; k, v act [T, nKV, hd];
   // out act [T, nH * hd]

@@ -154,6 +154,35 @@ TEST_F(CudaOpsTest, SplitQueryGateAndRope) {
   expect_close(q, 1e-2, "rope");
 }
 
+// The fused attention input op (one launch on CUDA) against the CPU's five ops: rotary dims that
+// are and are not a multiple of 64, GQA, T = 1 and 63.
+TEST_F(CudaOpsTest, AttentionPrepMatchesItsParts) {
+  struct Case {
+    int hd, rotary_dim, nH, nKV;
+    std::vector<int> lens;
+  };
+  for (const Case& c : std::vector<Case>{{256, 64, 6, 2, {1}}, {40, 20, 3, 1, {20, 43}}, {128, 128, 4, 4, {63}}}) {
+    int T = 0;
+    for (int l : c.lens) T += l;
+    std::vector<int> past(c.lens.size(), 0);
+    past.back() = 1000;
+    begin(make_plan(c.lens, past, 16, 4));
+    auto pg = both(random_bf16(T * c.nH * 2 * c.hd, rng), {T, c.nH * 2 * c.hd});
+    auto k = both(random_bf16(T * c.nKV * c.hd, rng), {T, c.nKV, c.hd});
+    auto q_norm = both(random_bf16(c.hd, rng, 0.5f), {c.hd}, true);
+    auto k_norm = both(random_bf16(c.hd, rng, 0.5f), {c.hd}, true);
+    auto q = outputs({T, c.nH, c.hd});
+    auto gate = outputs({T, c.nH * c.hd});
+    cpu.attention_prep(pg.first, k.first, q_norm.first, k_norm.first, 1e-6f, c.rotary_dim, 1e7, q.first, gate.first);
+    gpu->attention_prep(pg.second, k.second, q_norm.second, k_norm.second, 1e-6f, c.rotary_dim, 1e7, q.second,
+                        gate.second);
+    const std::string what = "attention_prep_hd" + std::to_string(c.hd);
+    expect_close(gate, 1e-6, what + "_gate");
+    expect_close(q, 1e-2, what + "_q");
+    expect_close(k, 1e-2, what + "_k");
+  }
+}
+
 TEST_F(CudaOpsTest, Conv1dAcrossSteps) {
   const int C = 100, K = 4;
   CacheGeometry g;

@@ -487,6 +487,24 @@ void CudaOps::split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Te
   cuda::launch_split_query_gate(B(p), B(q), B(gate), static_cast<int>(p.dim(0)), n_heads, head_dim, impl_->stream);
 }
 
+void CudaOps::attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim, double theta,
+                             Tensor q, Tensor gate) {
+  const int T = static_cast<int>(q.dim(0)), nH = static_cast<int>(q.dim(1)), hd = static_cast<int>(q.dim(2));
+  const int nKV = static_cast<int>(k.dim(1));
+  if (!cuda::attention_prep_supported(hd, rotary_dim)) {
+    Ops::attention_prep(p, k, q_norm, k_norm, eps, rotary_dim, theta, q, gate);
+    return;
+  }
+  expect_bf16(p, "attention prep p");
+  expect_f32(q_norm, "q_norm");
+  expect_f32(k_norm, "k_norm");
+  DS_ASSERT(p.numel() == int64_t(T) * nH * 2 * hd && k.numel() == int64_t(T) * nKV * hd && gate.numel() == q.numel(),
+            "attention prep shapes p%s k%s q%s gate%s", p.shape_str().c_str(), k.shape_str().c_str(),
+            q.shape_str().c_str(), gate.shape_str().c_str());
+  cuda::launch_attention_prep(B(p), B(k), F(q_norm), F(k_norm), B(q), B(gate), impl_->positions, T, nH, nKV, hd,
+                              rotary_dim, static_cast<float>(theta), eps, impl_->stream);
+}
+
 void CudaOps::rope(Tensor x, int rotary_dim, double theta) {
   cuda::launch_rope(B(x), impl_->positions, static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)),
                     static_cast<int>(x.dim(2)), rotary_dim, static_cast<float>(theta), impl_->stream);

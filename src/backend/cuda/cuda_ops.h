@@ -75,6 +75,8 @@ class CudaOps final : public Ops {
   void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) override;
   void split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) override;
   void rope(Tensor x, int rotary_dim, double theta) override;
+  void attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim, double theta,
+                      Tensor q, Tensor gate) override;
   void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
   void sigmoid_mul(Tensor x, Tensor gate) override;
   void concat_cols(Tensor a, Tensor b, Tensor out) override;

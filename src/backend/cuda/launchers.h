@@ -37,6 +37,13 @@ void launch_concat_cols(const bf16* a, const bf16* b, bf16* out, int T, int D1, 
 // p bf16 [T, n_heads, 2, hd] -> q bf16 [T, n_heads, hd], gate bf16 [T, n_heads * hd]
 void launch_split_query_gate(const bf16* p, bf16* q, bf16* gate, int T, int n_heads, int hd, cudaStream_t s);
 // In place NeoX rotation of dims [0, rotary_dim) of x bf16 [T, n, hd] at positions i32 [T]
+// split_query_gate + rms_norm of every query and key head + rope of both, in one launch:
+// p bf16 [T, nH * 2 * hd] -> q bf16 [T, nH, hd], gate bf16 [T, nH * hd]; k bf16 [T, nKV, hd] in
+// place; q_norm, k_norm f32 [hd]; positions i32 [T].
+bool attention_prep_supported(int hd, int rotary_dim);
+void launch_attention_prep(const bf16* p, bf16* k, const float* q_norm, const float* k_norm, bf16* q, bf16* gate,
+                           const int32_t* positions, int T, int nH, int nKV, int hd, int rotary_dim, float theta,
+                           float eps, cudaStream_t s);
 void launch_rope(bf16* x, const int32_t* positions, int T, int n, int hd, int rotary_dim, float theta,
                  cudaStream_t s);
 // g f32 [T, Hv] = -exp(a_log) * softplus(a + dt_bias); beta f32 [T, Hv] = sigmoid(b)
