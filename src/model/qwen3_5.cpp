@@ -40,6 +40,18 @@ CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_sl
   return g;
 }
 
+void Qwen35Model::linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs) {
+  size_t n_grouped = 0;
+  for (const FusedLinear::Group& g : w.groups) n_grouped += g.n_parts;
+  DS_ASSERT(outs.size() == w.rows.size() && n_grouped == w.rows.size(),
+            "%zu outputs for a fused linear of %zu parts, %zu of them in groups", outs.size(), w.rows.size(), n_grouped);
+  const Tensor* part = outs.begin();
+  for (const FusedLinear::Group& g : w.groups) {
+    ops_.linear_parts(x, g.w, std::span<const Tensor>(part, g.n_parts));
+    part += g.n_parts;
+  }
+}
+
 // Gated DeltaNet token mixer. h act [T, H] -> act [T, H]
 Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
   const GdnWeights& w = L.gdn;
@@ -49,10 +61,7 @@ Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
   Tensor z = act({T, Hv * dv});
   Tensor b = act({T, Hv});
   Tensor a = act({T, Hv});
-  linear(h, w.in_proj_qkv, mixed_qkv);
-  linear(h, w.in_proj_z, z);
-  linear(h, w.in_proj_b, b);
-  linear(h, w.in_proj_a, a);
+  linear(h, w.in_proj, {mixed_qkv, z, b, a});
 
   Tensor qkv = act({T, C});  // silu(causal_conv1d(mixed_qkv)) = [q | k | v]
   ops_.conv1d_silu(mixed_qkv, w.conv1d, L.cache_index, qkv);
@@ -82,9 +91,7 @@ Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
   Tensor q_gate = act({T, nH * 2 * hd});
   Tensor key_states = act({T, nKV, hd});
   Tensor value_states = act({T, nKV, hd});
-  linear(h, w.q_proj, q_gate);
-  linear(h, w.k_proj, key_states.view({T, nKV * hd}));
-  linear(h, w.v_proj, value_states.view({T, nKV * hd}));
+  linear(h, w.qkv_proj, {q_gate, key_states.view({T, nKV * hd}), value_states.view({T, nKV * hd})});
 
   Tensor query_states = act({T, nH, hd});
   Tensor gate = act({T, nH * hd});
@@ -108,8 +115,7 @@ Tensor Qwen35Model::mlp_block(const MlpWeights& m, Tensor h) {
   const int64_t T = h.dim(0), H = cfg_.hidden_size, I = cfg_.intermediate_size;
   Tensor gate = act({T, I});
   Tensor up = act({T, I});
-  linear(h, m.gate_proj, gate);
-  linear(h, m.up_proj, up);
+  linear(h, m.gate_up, {gate, up});
   Tensor inner = act({T, I});
   ops_.silu_mul(gate, up, inner);
   Tensor out = act({T, H});

@@ -3,6 +3,7 @@
 // and every step is described by a StepPlan.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -14,11 +15,34 @@
 
 namespace ds {
 
+// Linears that share an input, stored fused where their storage agrees (Ops::linear_parts):
+// part i has rows[i] output rows; groups[g] holds n_parts consecutive parts in one weight.
+struct FusedLinear {
+  struct Group {
+    LinearWeight w;
+    int n_parts = 0;
+  };
+  std::vector<Group> groups;
+  std::vector<int64_t> rows;  // per part, in order
+};
+
+// How one part of a FusedLinear is stored at load: dense (group_size 0) or W4A16 packed with
+// group_size (4 bits, no g_idx). Only parts of equal storage can share one weight.
+struct PartStorage {
+  int group_size = 0;
+  bool operator==(const PartStorage&) const = default;
+};
+
+// The n_parts of each group: consecutive parts of equal storage form one group, a part that
+// differs from the one before starts the next. With fuse false every part is a group of its own.
+std::vector<int> group_parts(const std::vector<PartStorage>& parts, bool fuse);
+
+// env: DS_FUSE_LINEARS=0 loads every linear as a weight of its own (default 1: fused), so the
+// two can be measured side by side. Read by load_weights and synthetic_weights.
+bool fuse_linears_from_env();
+
 struct GdnWeights {
-  LinearWeight in_proj_qkv;  // [conv_dim, H]
-  LinearWeight in_proj_z;    // [Hv*dv, H]
-  LinearWeight in_proj_b;    // [Hv, H]
-  LinearWeight in_proj_a;    // [Hv, H]
+  FusedLinear in_proj;  // parts: qkv [conv_dim], z [Hv*dv], b [Hv], a [Hv]
   Tensor conv1d;       // f32 [conv_dim, K]
   Tensor a_log;        // f32 [Hv]
   Tensor dt_bias;      // f32 [Hv]
@@ -27,17 +51,14 @@ struct GdnWeights {
 };
 
 struct AttnWeights {
-  LinearWeight q_proj;  // [nH*2*hd, H], per head [query | gate]
-  LinearWeight k_proj;  // [nKV*hd, H]
-  LinearWeight v_proj;  // [nKV*hd, H]
+  FusedLinear qkv_proj;  // parts: q [nH*2*hd], k [nKV*hd], v [nKV*hd]; q per head [query | gate]
   LinearWeight o_proj;  // [H, nH*hd]
   Tensor q_norm;  // f32 [hd], 1 already added
   Tensor k_norm;  // f32 [hd], 1 already added
 };
 
 struct MlpWeights {
-  LinearWeight gate_proj;  // [I, H]
-  LinearWeight up_proj;    // [I, H]
+  FusedLinear gate_up;     // parts: gate [I], up [I]
   LinearWeight down_proj;  // [H, I]
 };
 
@@ -109,6 +130,8 @@ class Qwen35Model {
     if (w.quantized()) ops_.linear_quantized(x, w, out);
     else ops_.linear(x, w.dense, out);
   }
+  // outs[i] act [T, rows[i]] = x act [T, K] . (part i of w)^T; one Ops::linear_parts per group
+  void linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs);
 
   ModelConfig cfg_;
   ModelWeights w_;

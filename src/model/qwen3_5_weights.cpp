@@ -1,8 +1,12 @@
 // Weights of Qwen35Model: canonical tensor names and expected shapes from the config, read
 // from a checkpoint (zero-centred norms turned into plain gains, 1 + w in fp32) or drawn at
-// random on the backend for synthetic benchmarks.
+// random on the backend for synthetic benchmarks; linears of one input fused (group_parts).
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <span>
 #include <string>
 
 #include "model/qwen3_5.h"
@@ -18,11 +22,13 @@ enum class ParamKind { kNorm1p, kGain, kALog, kDtBias, kConv };
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
-  // A matrix or embedding [rows, cols] in the backend's activation dtype.
-  virtual Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) = 0;
-  // The weight `name` of a linear layer [rows, cols]: W4A16 where the source has it and the
-  // backend runs it, else dense.
-  virtual Result<LinearWeight> linear(const std::string& name, int64_t rows, int64_t cols) = 0;
+  // An embedding table [rows, cols] in the backend's activation dtype.
+  virtual Result<Tensor> embedding(const std::string& name, int64_t rows, int64_t cols) = 0;
+  // The weights `names` of linears that share one input, part i [rows[i], cols]: each W4A16
+  // where the source has it and the backend runs it, else dense; the parts stacked into one
+  // weight per group of group_parts(storage, fuse).
+  virtual Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
+                                    int64_t cols, bool fuse) = 0;
   // A fp32 parameter published with `shape`, stored as [rows, cols] (cols 0: a vector of rows).
   virtual Result<Tensor> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t rows, int64_t cols,
                              ParamKind kind) = 0;
@@ -31,28 +37,30 @@ class WeightSource {
 class CheckpointSource final : public WeightSource {
  public:
   CheckpointSource(const Checkpoint& ck, Ops& ops) : ck_(ck), ops_(ops) {}
-  Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) override {
+  Result<Tensor> embedding(const std::string& name, int64_t rows, int64_t cols) override {
     DS_ASSIGN_OR_RETURN(CheckpointTensor t, ck_.get_float(name, {rows, cols}));
     return ops_.upload(t.data, t.info->dtype, {rows, cols}, ops_.act_dtype());
   }
-  Result<LinearWeight> linear(const std::string& name, int64_t rows, int64_t cols) override {
-    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
-    LinearWeight w;
-    if (!ck_.is_quantized(module)) {
-      DS_ASSIGN_OR_RETURN(w.dense, matrix(name, rows, cols));
-      return w;
+  // Every part is read to the host first; a group is stacked there and uploaded once, so the
+  // device never holds a part and its group at the same time.
+  Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols,
+                            bool fuse) override {
+    std::vector<HostLinear> parts;
+    std::vector<PartStorage> storage;
+    for (size_t i = 0; i < names.size(); ++i) {
+      DS_ASSIGN_OR_RETURN(HostLinear p, read(names[i], rows[i], cols));
+      storage.push_back({p.packed ? p.packed->group_size : 0});
+      parts.push_back(std::move(p));
     }
-    DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
-    if (ops_.supports_w4a16() && p.bits == 4 && p.g_idx.empty() && cols % p.group_size == 0) {
-      w.packed = ops_.upload(p.packed.data(), DType::kI32, {rows, cols / 8}, DType::kI32);
-      w.scales = ops_.upload(p.scales.data(), DType::kF32, {rows, cols / p.group_size}, DType::kF32);
-      w.group_size = p.group_size;
-      return w;
+    FusedLinear f;
+    f.rows = rows;
+    size_t first = 0;
+    for (int n : group_parts(storage, fuse)) {
+      const std::span<const HostLinear> group(parts.data() + first, n);
+      f.groups.push_back({storage[first].group_size ? upload_packed(group, cols) : upload_dense(group, cols), n});
+      first += n;
     }
-    // Dequantised at load: exact in fp32, rounded once for a bf16 backend.
-    DS_ASSIGN_OR_RETURN(std::vector<float> dense, ck_.read_linear_f32(module, rows, cols));
-    w.dense = ops_.upload(dense.data(), DType::kF32, {rows, cols}, ops_.act_dtype());
-    return w;
+    return f;
   }
   Result<Tensor> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t rows, int64_t cols,
                      ParamKind kind) override {
@@ -64,35 +72,145 @@ class CheckpointSource final : public WeightSource {
   }
 
  private:
+  // One linear's weight [rows, cols] on the host, as the backend will store it: exactly one of
+  // packed (W4A16 kept), tensor (dense as published) or dequantised (dense from a packed form
+  // the backend does not run) is set.
+  struct HostLinear {
+    int64_t rows = 0;
+    std::optional<PackedLinear> packed;
+    CheckpointTensor tensor;         // a view into the mapped file
+    std::vector<float> dequantised;  // f32 [rows, cols]
+  };
+
+  Result<HostLinear> read(const std::string& name, int64_t rows, int64_t cols) {
+    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
+    HostLinear h;
+    h.rows = rows;
+    if (!ck_.is_quantized(module)) {
+      DS_ASSIGN_OR_RETURN(h.tensor, ck_.get_float(name, {rows, cols}));
+      return h;
+    }
+    if (ops_.supports_w4a16()) {
+      DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
+      if (p.bits == 4 && p.g_idx.empty() && cols % p.group_size == 0) {
+        h.packed = std::move(p);
+        return h;
+      }
+    }
+    // Dequantised at load: exact in fp32, rounded once for a bf16 backend.
+    DS_ASSIGN_OR_RETURN(h.dequantised, ck_.read_linear_f32(module, rows, cols));
+    return h;
+  }
+
+  // Dense parts stacked into act [sum rows, cols]: in their checkpoint dtype when they all share
+  // one (converted by upload, as a single matrix is), else through f32.
+  LinearWeight upload_dense(std::span<const HostLinear> parts, int64_t cols) {
+    LinearWeight w;
+    int64_t n = 0;
+    const CheckpointTensor& first = parts[0].tensor;
+    bool same_dtype = first.data != nullptr;
+    for (const HostLinear& p : parts) {
+      n += p.rows;
+      same_dtype = same_dtype && p.tensor.data && p.tensor.info->dtype == first.info->dtype;
+    }
+    const DType act = ops_.act_dtype();
+    if (parts.size() == 1) {  // uploaded from where it lies
+      const HostLinear& p = parts[0];
+      w.dense = p.tensor.data ? ops_.upload(p.tensor.data, p.tensor.info->dtype, {n, cols}, act)
+                              : ops_.upload(p.dequantised.data(), DType::kF32, {n, cols}, act);
+    } else if (same_dtype) {
+      const DType dtype = first.info->dtype;
+      std::vector<uint8_t> bytes;
+      bytes.reserve(static_cast<size_t>(n * cols) * dtype_size(dtype));
+      for (const HostLinear& p : parts) {
+        const auto* data = static_cast<const uint8_t*>(p.tensor.data);
+        bytes.insert(bytes.end(), data, data + static_cast<size_t>(p.rows * cols) * dtype_size(dtype));
+      }
+      w.dense = ops_.upload(bytes.data(), dtype, {n, cols}, act);
+    } else {
+      std::vector<float> values(static_cast<size_t>(n * cols));
+      float* dst = values.data();
+      for (const HostLinear& p : parts) {
+        const size_t count = static_cast<size_t>(p.rows * cols);
+        if (p.tensor.data) convert_to_f32(p.tensor.info->dtype, p.tensor.data, dst, count);
+        else std::copy(p.dequantised.begin(), p.dequantised.end(), dst);
+        dst += count;
+      }
+      w.dense = ops_.upload(values.data(), DType::kF32, {n, cols}, act);
+    }
+    return w;
+  }
+
+  // W4A16 parts of one group size stacked row-wise: packed i32 [sum rows, cols/8], scales f32
+  // [sum rows, cols/group_size].
+  LinearWeight upload_packed(std::span<const HostLinear> parts, int64_t cols) {
+    LinearWeight w;
+    w.group_size = parts[0].packed->group_size;
+    int64_t n = 0;
+    std::vector<int32_t> packed;
+    std::vector<float> scales;
+    for (const HostLinear& p : parts) {
+      DS_ASSERT(p.packed->group_size == w.group_size, "a W4A16 group mixes group sizes");
+      n += p.rows;
+      packed.insert(packed.end(), p.packed->packed.begin(), p.packed->packed.end());
+      scales.insert(scales.end(), p.packed->scales.begin(), p.packed->scales.end());
+    }
+    w.packed = ops_.upload(packed.data(), DType::kI32, {n, cols / 8}, DType::kI32);
+    w.scales = ops_.upload(scales.data(), DType::kF32, {n, cols / w.group_size}, DType::kF32);
+    return w;
+  }
+
   const Checkpoint& ck_;
   Ops& ops_;
 };
 
-// Random weights drawn on the backend (uniform, scaled so activations stay O(1)).
+// Random weights drawn on the backend (uniform, scaled so activations stay O(1)). Each part of
+// a group is drawn with its own seeds, so the values do not depend on DS_FUSE_LINEARS.
 class SyntheticSource final : public WeightSource {
  public:
   SyntheticSource(Ops& ops, bool w4a16, uint64_t seed) : ops_(ops), w4a16_(w4a16 && ops.supports_w4a16()), seed_(seed) {}
-  Result<Tensor> matrix(const std::string& name, int64_t rows, int64_t cols) override {
+  Result<Tensor> embedding(const std::string&, int64_t rows, int64_t cols) override {
     Tensor t = ops_.alloc(ops_.act_dtype(), {rows, cols});
-    const bool embedding = name.find("embed_tokens") != std::string::npos;
-    ops_.fill_random(t, 0.f, embedding ? 1.f : 1.7f / std::sqrt(static_cast<float>(cols)), seed_++);
+    ops_.fill_random(t, 0.f, 1.f, seed_++);
     return t;
   }
-  Result<LinearWeight> linear(const std::string& name, int64_t rows, int64_t cols) override {
-    LinearWeight w;
-    const bool keep_dense = name == "lm_head.weight" || name.find("in_proj_a") != std::string::npos ||
-                            name.find("in_proj_b") != std::string::npos || name.rfind("mtp.", 0) == 0;
-    if (!w4a16_ || keep_dense || cols % kGroup != 0) {
-      DS_ASSIGN_OR_RETURN(w.dense, matrix(name, rows, cols));
-      return w;
+  Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols,
+                            bool fuse) override {
+    std::vector<PartStorage> storage;
+    for (const std::string& name : names) {
+      const bool keep_dense = name == "lm_head.weight" || name.find("in_proj_a") != std::string::npos ||
+                              name.find("in_proj_b") != std::string::npos || name.rfind("mtp.", 0) == 0;
+      storage.push_back({w4a16_ && !keep_dense && cols % kGroup == 0 ? kGroup : 0});
     }
-    w.packed = ops_.alloc(DType::kI32, {rows, cols / 8});
-    ops_.fill_random(w.packed, 0.f, 0.f, seed_++);  // random nibbles: q uniform in [-8, 7]
-    w.scales = ops_.alloc(DType::kF32, {rows, cols / kGroup});
-    // |q| averages 4: scales of 0.4/sqrt(K) give the dense weights' spread
-    ops_.fill_random(w.scales, 0.f, 0.4f / std::sqrt(static_cast<float>(cols)), seed_++);
-    w.group_size = kGroup;
-    return w;
+    FusedLinear f;
+    f.rows = rows;
+    size_t first = 0;
+    for (int n : group_parts(storage, fuse)) {
+      int64_t total = 0;
+      for (size_t i = first; i < first + n; ++i) total += rows[i];
+      LinearWeight w;
+      if (storage[first].group_size == 0) {
+        w.dense = ops_.alloc(ops_.act_dtype(), {total, cols});  // act [total, cols]
+      } else {
+        w.packed = ops_.alloc(DType::kI32, {total, cols / 8});
+        w.scales = ops_.alloc(DType::kF32, {total, cols / kGroup});
+        w.group_size = kGroup;
+      }
+      int64_t r = 0;
+      for (size_t i = first; i < first + n; ++i) {
+        if (!w.quantized()) {
+          ops_.fill_random(w.dense.rows(r, rows[i]), 0.f, 1.7f / std::sqrt(static_cast<float>(cols)), seed_++);
+        } else {
+          ops_.fill_random(w.packed.rows(r, rows[i]), 0.f, 0.f, seed_++);  // random nibbles: q uniform in [-8, 7]
+          // |q| averages 4: scales of 0.4/sqrt(K) give the dense weights' spread
+          ops_.fill_random(w.scales.rows(r, rows[i]), 0.f, 0.4f / std::sqrt(static_cast<float>(cols)), seed_++);
+        }
+        r += rows[i];
+      }
+      f.groups.push_back({std::move(w), n});
+      first += n;
+    }
+    return f;
   }
   Result<Tensor> f32(const std::string&, const std::vector<int64_t>&, int64_t rows, int64_t cols,
                      ParamKind kind) override {
@@ -112,26 +230,35 @@ class SyntheticSource final : public WeightSource {
 
 class Loader {
  public:
-  Loader(WeightSource& src, Ops& ops) : src_(src), ops_(ops) {}
+  Loader(WeightSource& src, Ops& ops, bool fuse) : src_(src), ops_(ops), fuse_(fuse) {}
 
   // A weight matrix handed to the backend's prepare_weight once its values are final.
   Result<LinearWeight> lin(const std::string& name, int64_t rows, int64_t cols, WeightRole role = WeightRole::kLinear) {
     LinearWeight w;
     if (role == WeightRole::kEmbedding) {
-      DS_ASSIGN_OR_RETURN(w.dense, src_.matrix(name, rows, cols));
+      DS_ASSIGN_OR_RETURN(w.dense, src_.embedding(name, rows, cols));
     } else {
-      DS_ASSIGN_OR_RETURN(w, src_.linear(name, rows, cols));
+      DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused({name}, {rows}, cols, /*fuse=*/false));
+      w = std::move(f.groups[0].w);
     }
     ops_.prepare_weight(w, role);
     return w;
+  }
+  // The linears p + names[i] + ".weight" [rows[i], cols] of one input, fused where their storage
+  // agrees (and fusion is on); prepare_weight once per group weight.
+  Result<FusedLinear> fused(const std::string& p, const std::vector<std::string>& names,
+                            const std::vector<int64_t>& rows, int64_t cols) {
+    std::vector<std::string> full;
+    for (const std::string& n : names) full.push_back(p + n + ".weight");
+    DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused(full, rows, cols, fuse_));
+    for (FusedLinear::Group& g : f.groups) ops_.prepare_weight(g.w, WeightRole::kLinear);
+    return f;
   }
   Result<Tensor> norm(const std::string& name, int64_t n) { return src_.f32(name, {n}, n, 0, ParamKind::kNorm1p); }
 
   Status attention(const std::string& p, const ModelConfig& c, AttnWeights* a) {
     const int64_t H = c.hidden_size, hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
-    DS_ASSIGN_OR_RETURN(a->q_proj, lin(p + "q_proj.weight", nH * hd * 2, H));
-    DS_ASSIGN_OR_RETURN(a->k_proj, lin(p + "k_proj.weight", nKV * hd, H));
-    DS_ASSIGN_OR_RETURN(a->v_proj, lin(p + "v_proj.weight", nKV * hd, H));
+    DS_ASSIGN_OR_RETURN(a->qkv_proj, fused(p, {"q_proj", "k_proj", "v_proj"}, {nH * hd * 2, nKV * hd, nKV * hd}, H));
     DS_ASSIGN_OR_RETURN(a->o_proj, lin(p + "o_proj.weight", H, nH * hd));
     DS_ASSIGN_OR_RETURN(a->q_norm, norm(p + "q_norm.weight", hd));
     DS_ASSIGN_OR_RETURN(a->k_norm, norm(p + "k_norm.weight", hd));
@@ -140,8 +267,7 @@ class Loader {
 
   Status mlp(const std::string& p, const ModelConfig& c, MlpWeights* m) {
     const int64_t H = c.hidden_size, I = c.intermediate_size;
-    DS_ASSIGN_OR_RETURN(m->gate_proj, lin(p + "gate_proj.weight", I, H));
-    DS_ASSIGN_OR_RETURN(m->up_proj, lin(p + "up_proj.weight", I, H));
+    DS_ASSIGN_OR_RETURN(m->gate_up, fused(p, {"gate_proj", "up_proj"}, {I, I}, H));
     DS_ASSIGN_OR_RETURN(m->down_proj, lin(p + "down_proj.weight", H, I));
     return Status();
   }
@@ -149,10 +275,8 @@ class Loader {
   Status gdn(const std::string& p, const ModelConfig& c, GdnWeights* g) {
     const int64_t H = c.hidden_size, C = c.conv_dim(), Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
     const int64_t K = c.linear_conv_kernel_dim;
-    DS_ASSIGN_OR_RETURN(g->in_proj_qkv, lin(p + "in_proj_qkv.weight", C, H));
-    DS_ASSIGN_OR_RETURN(g->in_proj_z, lin(p + "in_proj_z.weight", Hv * dv, H));
-    DS_ASSIGN_OR_RETURN(g->in_proj_b, lin(p + "in_proj_b.weight", Hv, H));
-    DS_ASSIGN_OR_RETURN(g->in_proj_a, lin(p + "in_proj_a.weight", Hv, H));
+    DS_ASSIGN_OR_RETURN(g->in_proj, fused(p, {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"},
+                                          {C, Hv * dv, Hv, Hv}, H));
     DS_ASSIGN_OR_RETURN(g->conv1d, src_.f32(p + "conv1d.weight", {C, 1, K}, C, K, ParamKind::kConv));
     DS_ASSIGN_OR_RETURN(g->a_log, src_.f32(p + "A_log", {Hv}, Hv, 0, ParamKind::kALog));
     DS_ASSIGN_OR_RETURN(g->dt_bias, src_.f32(p + "dt_bias", {Hv}, Hv, 0, ParamKind::kDtBias));
@@ -164,12 +288,13 @@ class Loader {
  private:
   WeightSource& src_;
   Ops& ops_;
+  bool fuse_;
 };
 
 // Every tensor the config implies, from `src`; the MTP head when with_mtp.
 Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, Ops& ops, bool with_mtp) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  Loader ld(src, ops);
+  Loader ld(src, ops, fuse_linears_from_env());
   ModelWeights w;
   DS_ASSIGN_OR_RETURN(w.embed, ld.lin("model.embed_tokens.weight", V, H, WeightRole::kEmbedding));
   DS_ASSIGN_OR_RETURN(w.final_norm, ld.norm("model.norm.weight", H));
@@ -213,6 +338,20 @@ Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, Ops&
 }
 
 }  // namespace
+
+std::vector<int> group_parts(const std::vector<PartStorage>& parts, bool fuse) {
+  std::vector<int> n_parts;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (fuse && i > 0 && parts[i] == parts[i - 1]) ++n_parts.back();
+    else n_parts.push_back(1);
+  }
+  return n_parts;
+}
+
+bool fuse_linears_from_env() {
+  const char* env = std::getenv("DS_FUSE_LINEARS");  // env: DS_FUSE_LINEARS=0 turns fusion off
+  return !(env && std::string(env) == "0");
+}
 
 Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops) {
   CheckpointSource src(ck, ops);

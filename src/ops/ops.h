@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "core/tensor.h"
@@ -111,6 +112,12 @@ class Ops {
   virtual void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
     DS_FATAL("%s has no quantized linear", name());
   }
+  // outs[i] act [T, N_i] = x act [T, K] . W[r_i, r_i + N_i)^T, where w [sum N_i, K] holds the rows
+  // of several linears that share the input x, in order (fused at load, model/qwen3_5.h
+  // FusedLinear). Dense or quantized like linear/linear_quantized. The default runs one linear per
+  // part on row views of a dense or raw W4A16 (packed [N, K/8], scales [N, K/group]) weight; a
+  // backend whose quantized form cannot be cut into rows (CUDA tiles) overrides it.
+  virtual void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs);
   // x act [R, D] += y act [R, D]
   virtual void add(Tensor x, Tensor y) = 0;
   // x += y, then out = rms_norm(x) (of the sum as stored in act): the residual add and the next

@@ -95,11 +95,12 @@ std::vector<float> prompt_logits(const fs::path& dir) {
   return out;
 }
 
-// Converts every BF16 tensor of dir/model.safetensors to `dtype` ("F32" or "F16").
-void convert_bf16_weights(const fs::path& dir, const std::string& dtype) {
+// Converts the BF16 tensors of dir/model.safetensors whose name contains `only` (every one when
+// empty) to `dtype` ("F32" or "F16").
+void convert_bf16_weights(const fs::path& dir, const std::string& dtype, const std::string& only = "") {
   rewrite_weights(dir, [&](auto& entries) {
     for (auto& e : entries) {
-      if (e.dtype != "BF16") continue;
+      if (e.dtype != "BF16" || e.name.find(only) == std::string::npos) continue;
       const size_t n = e.bytes.size() / 2;
       std::vector<uint8_t> out(n * (dtype == "F32" ? 4 : 2));
       for (size_t i = 0; i < n; ++i) {
@@ -135,6 +136,16 @@ TEST(Checkpoint, Fp32AndFp16WeightsLoad) {
   EXPECT_LE(std::sqrt(num / den), 1e-3);  // fp16 keeps bf16's values up to its narrower range
   fs::remove_all(d32);
   fs::remove_all(d16);
+}
+
+// Linears fused at load whose parts come in different dtypes are stacked through f32: the same
+// values as when every part is bf16.
+TEST(Checkpoint, FusedPartsOfMixedDtypesLoad) {
+  const std::vector<float> bf16 = prompt_logits(fs::path(DS_TEST_DATA_DIR) / "tiny_wrapper_mtp");
+  fs::path d = test::copy_fixture("tiny_wrapper_mtp", "mixed");
+  for (const char* part : {"in_proj_z", "k_proj", "up_proj"}) convert_bf16_weights(d, "F32", part);
+  EXPECT_EQ(prompt_logits(d), bf16);
+  fs::remove_all(d);
 }
 
 TEST(Checkpoint, CanonicalNames) {

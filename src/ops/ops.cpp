@@ -1,0 +1,42 @@
+// Default implementations of Ops operations that are written in terms of other ops (a backend
+// may override them with a kernel of its own).
+#include "ops/ops.h"
+
+namespace ds {
+
+void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
+  const int64_t T = x.dim(0);
+  const int64_t N = !w.quantized()                          ? w.dense.dim(0)
+                    : w.format == WeightFormat::kW4A16Tiled ? w.rows
+                                                            : w.packed.dim(0);
+  int64_t sum = 0;
+  for (const Tensor& out : outs) {
+    DS_ASSERT(out.ndim == 2 && out.dim(0) == T, "linear_parts: out %s is not [T = %lld, N_i]", out.shape_str().c_str(),
+              (long long)T);
+    sum += out.dim(1);
+  }
+  DS_ASSERT(!outs.empty() && sum == N, "linear_parts: %zu outs of %lld columns in all, the weight has %lld rows",
+            outs.size(), (long long)sum, (long long)N);
+  if (outs.size() == 1) {  // the whole weight, in whatever form this backend stores it
+    if (w.quantized()) linear_quantized(x, w, outs[0]);
+    else linear(x, w.dense, outs[0]);
+    return;
+  }
+  DS_ASSERT(!w.quantized() || w.format == WeightFormat::kW4A16,
+            "%s: linear_parts cuts only dense or raw W4A16 weights into rows; this format needs an override", name());
+  int64_t r = 0;  // first weight row of the part
+  for (const Tensor& out : outs) {
+    const int64_t n = out.dim(1);
+    if (w.quantized()) {
+      LinearWeight part = w;
+      part.packed = w.packed.rows(r, n);  // i32 [n, K/8]
+      part.scales = w.scales.rows(r, n);  // f32 [n, K/group]
+      linear_quantized(x, part, out);
+    } else {
+      linear(x, w.dense.rows(r, n), out);  // act [n, K]
+    }
+    r += n;
+  }
+}
+
+}  // namespace ds
