@@ -39,4 +39,23 @@ void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> 
   }
 }
 
+void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
+                               int state_layer, Tensor out) {
+  const int64_t T = a.dim(0), Hv = a.dim(1);
+  Tensor g = scratch(DType::kF32, {T, Hv});     // log-decay
+  Tensor beta = scratch(DType::kF32, {T, Hv});  // write strength
+  gdn_gates(a, b, a_log, dt_bias, g, beta);
+  gated_delta_rule(qkv, g, beta, shape, state_layer, out);
+}
+
+void Ops::attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim, double theta,
+                         Tensor q, Tensor gate) {
+  const int64_t T = q.dim(0), nH = q.dim(1), hd = q.dim(2), nKV = k.dim(1);
+  split_query_gate(p, static_cast<int>(nH), static_cast<int>(hd), q, gate);
+  rms_norm(q.view({T * nH, hd}), q_norm, eps, q.view({T * nH, hd}));
+  rms_norm(k.view({T * nKV, hd}), k_norm, eps, k.view({T * nKV, hd}));
+  rope(q, rotary_dim, theta);
+  rope(k, rotary_dim, theta);
+}
+
 }  // namespace ds

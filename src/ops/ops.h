@@ -147,13 +147,7 @@ class Ops {
   // inside the delta-rule kernel (CUDA at decode). a, b act [T, Hv]; a_log, dt_bias f32 [Hv];
   // the rest as gated_delta_rule.
   virtual void gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
-                                    const GdnShape& shape, int state_layer, Tensor out) {
-    const int64_t T = a.dim(0), Hv = a.dim(1);
-    Tensor g = scratch(DType::kF32, {T, Hv});     // log-decay
-    Tensor beta = scratch(DType::kF32, {T, Hv});  // write strength
-    gdn_gates(a, b, a_log, dt_bias, g, beta);
-    gated_delta_rule(qkv, g, beta, shape, state_layer, out);
-  }
+                                    const GdnShape& shape, int state_layer, Tensor out);
   // out = w * (x / rms(x)) * act(z), act = sigmoid if sigmoid_gate else silu.
   // x, z act [R, D]; w f32 [D]; out act [R, D]
   virtual void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) = 0;
@@ -168,14 +162,7 @@ class Ops {
   // k act [T, nKV, hd] (normalised and rotated in place); q act [T, nH, hd] and gate act
   // [T, nH*hd] are written; q_norm, k_norm f32 [hd].
   virtual void attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim,
-                              double theta, Tensor q, Tensor gate) {
-    const int64_t T = q.dim(0), nH = q.dim(1), hd = q.dim(2), nKV = k.dim(1);
-    split_query_gate(p, static_cast<int>(nH), static_cast<int>(hd), q, gate);
-    rms_norm(q.view({T * nH, hd}), q_norm, eps, q.view({T * nH, hd}));
-    rms_norm(k.view({T * nKV, hd}), k_norm, eps, k.view({T * nKV, hd}));
-    rope(q, rotary_dim, theta);
-    rope(k, rotary_dim, theta);
-  }
+                              double theta, Tensor q, Tensor gate);
   // Appends k, v to the paged cache of kv_layer at each sequence's n_past, then causal GQA
   // attention of q over the sequence's cache. q act [T, nH, hd]; k, v act [T, nKV, hd];
   // out act [T, nH * hd]

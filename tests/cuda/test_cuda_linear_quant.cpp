@@ -164,6 +164,43 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   cuda::set_w4a16_gemv_tokens(tokens_before);
 }
 
+// A fused W4A16 weight (Ops::linear_parts): one GEMV writes parts whose widths are not
+// multiples of the 16-row tiles, in both main loops, sliced steps and the cuBLAS path.
+TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
+  const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
+  for (const std::vector<int>& widths : std::vector<std::vector<int>>{{5, 37, 22}, {100, 3}, {16, 16, 16, 9}}) {
+    int N = 0;
+    for (int w : widths) N += w;
+    const int K = 256;
+    W4Case c = make_w4(*gpu, rng, N, K, 128);
+    Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+    for (cuda::GemvLoop loop : {cuda::GemvLoop::kRegisters, cuda::GemvLoop::kAsync4}) {
+      cuda::set_w4a16_gemv_loop(loop);
+      for (int T : {1, 9, 40, 200}) {
+        std::vector<float> x = random_bf16(size_t(T) * K, rng);
+        Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+        Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+        Tensor oc = cpu.scratch(DType::kF32, {T, N});
+        cpu.linear(xc, w_cpu, oc);
+        std::vector<Tensor> parts;
+        for (int w : widths) parts.push_back(gpu->scratch(DType::kBF16, {T, w}));
+        gpu->linear_parts(xg, c.gpu_w, parts);
+        for (size_t p = 0, r0 = 0; p < parts.size(); r0 += widths[p], ++p) {
+          std::vector<float> ref;
+          for (int t = 0; t < T; ++t)
+            ref.insert(ref.end(), oc.f32() + size_t(t) * N + r0, oc.f32() + size_t(t) * N + r0 + widths[p]);
+          EXPECT_LE(rel_rms(download(parts[p]), ref), 5e-3)
+              << "part " << p << " of " << widths.size() << ", N " << N << ", T " << T << ", loop "
+              << static_cast<int>(loop);
+        }
+        gpu->reset_scratch();
+        cpu.reset_scratch();
+      }
+    }
+  }
+  cuda::set_w4a16_gemv_loop(loop_before);
+}
+
 TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
   for (auto [V, H] : std::vector<std::pair<int, int>>{{1000, 256}, {3001, 5120}}) {
     const std::vector<float> table = random_bf16(size_t(V) * H, rng, 0.05f);

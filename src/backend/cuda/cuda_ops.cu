@@ -401,6 +401,32 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
   linear_w4a16(x, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
 }
 
+void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
+  // Tiled W4A16 cannot be cut into row views: one GEMV writes every part (the default handles
+  // dense weights, and a single part).
+  if (!w.quantized() || w.format != WeightFormat::kW4A16Tiled || outs.size() == 1) {
+    Ops::linear_parts(x, w, outs);
+    return;
+  }
+  expect_bf16(x, "linear_parts x");
+  DS_ASSERT(outs.size() <= size_t(cuda::kGemvMaxParts), "linear_parts: %zu parts, at most %d", outs.size(),
+            cuda::kGemvMaxParts);
+  cuda::GemvOut o;
+  int64_t sum = 0;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    expect_bf16(outs[i], "linear_parts out");
+    DS_ASSERT(outs[i].ndim == 2 && outs[i].dim(0) == x.dim(0), "linear_parts: out %s is not [T = %lld, N_i]",
+              outs[i].shape_str().c_str(), (long long)x.dim(0));
+    o.ptr[i] = B(outs[i]);
+    o.rows[i] = static_cast<int>(outs[i].dim(1));
+    sum += outs[i].dim(1);
+  }
+  o.n_parts = static_cast<int>(outs.size());
+  DS_ASSERT(sum == w.rows, "linear_parts: outs of %lld columns in all, the weight has %lld rows", (long long)sum,
+            (long long)w.rows);
+  linear_w4a16(x, w, o);
+}
+
 void CudaOps::linear_w4a16(Tensor x, const LinearWeight& w, const cuda::GemvOut& out) {
   const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.rows);
   DS_ASSERT(w.packed.dim(1) * 8 == K, "W4A16 shapes x%s packed%s", x.shape_str().c_str(), w.packed.shape_str().c_str());

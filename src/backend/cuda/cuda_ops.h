@@ -63,6 +63,7 @@ class CudaOps final : public Ops {
   void linear(Tensor x, Tensor w, Tensor out) override;
   bool supports_w4a16() const override { return true; }
   void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) override;
+  void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) override;
   void add(Tensor x, Tensor y) override;
   void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
