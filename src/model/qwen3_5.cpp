@@ -66,14 +66,11 @@ Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
   Tensor qkv = act({T, C});  // silu(causal_conv1d(mixed_qkv)) = [q | k | v]
   ops_.conv1d_silu(mixed_qkv, w.conv1d, L.cache_index, qkv);
 
-  Tensor g = ops_.scratch(DType::kF32, {T, Hv});     // log-decay
-  Tensor beta = ops_.scratch(DType::kF32, {T, Hv});  // write strength
-  ops_.gdn_gates(a, b, w.a_log, w.dt_bias, g, beta);
-
   GdnShape shape{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
                  cfg_.linear_value_head_dim};
   Tensor core_attn_out = act({T, Hv, dv});
-  ops_.gated_delta_rule(qkv, g, beta, shape, L.cache_index, core_attn_out);
+  // gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), then the delta rule
+  ops_.gdn_gates_delta_rule(qkv, a, b, w.a_log, w.dt_bias, shape, L.cache_index, core_attn_out);
 
   Tensor normed = act({T, Hv * dv});
   ops_.gated_rms_norm(core_attn_out.view({T * Hv, dv}), z.view({T * Hv, dv}), w.norm, cfg_.rms_norm_eps,
@@ -95,11 +92,9 @@ Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
 
   Tensor query_states = act({T, nH, hd});
   Tensor gate = act({T, nH * hd});
-  ops_.split_query_gate(q_gate, static_cast<int>(nH), static_cast<int>(hd), query_states, gate);
-  ops_.rms_norm(query_states.view({T * nH, hd}), w.q_norm, cfg_.rms_norm_eps, query_states.view({T * nH, hd}));
-  ops_.rms_norm(key_states.view({T * nKV, hd}), w.k_norm, cfg_.rms_norm_eps, key_states.view({T * nKV, hd}));
-  ops_.rope(query_states, cfg_.rotary_dim, cfg_.rope_theta);
-  ops_.rope(key_states, cfg_.rotary_dim, cfg_.rope_theta);
+  // split query/gate, q_norm and k_norm per head, RoPE of q and k
+  ops_.attention_prep(q_gate, key_states, w.q_norm, w.k_norm, cfg_.rms_norm_eps, cfg_.rotary_dim, cfg_.rope_theta,
+                      query_states, gate);
 
   Tensor attn_output = act({T, nH * hd});
   ops_.attention(query_states, key_states, value_states, L.cache_index, 1.0f / std::sqrt(static_cast<float>(hd)),
@@ -110,31 +105,31 @@ Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
   return out;
 }
 
-// SiLU-gated MLP. h act [T, H] -> act [T, H]
-Tensor Qwen35Model::mlp_block(const MlpWeights& m, Tensor h) {
-  const int64_t T = h.dim(0), H = cfg_.hidden_size, I = cfg_.intermediate_size;
+// SiLU-gated MLP. h act [T, H] -> out act [T, H]
+void Qwen35Model::mlp_block(const MlpWeights& m, Tensor h, Tensor out) {
+  const int64_t T = h.dim(0), I = cfg_.intermediate_size;
   Tensor gate = act({T, I});
   Tensor up = act({T, I});
   linear(h, m.gate_up, {gate, up});
   Tensor inner = act({T, I});
   ops_.silu_mul(gate, up, inner);
-  Tensor out = act({T, H});
   linear(inner, m.down_proj, out);
-  return out;
 }
 
-// Pre-norm residual block; x act [T, H] is updated in place and returned. The layer's
-// intermediates are dead afterwards, so their scratch is reused by the next layer.
-Tensor Qwen35Model::decoder_layer(const LayerWeights& L, Tensor x) {
+// Pre-norm residual block on the residual stream x act [T, H]. The block's last residual add is
+// left to the next norm (add_rms_norm): pending (act [T, H], or null) is the previous layer's
+// MLP output, added to x here with the input norm, and mlp_out receives this layer's, pending in
+// turn. The layer's other intermediates are dead afterwards, so their scratch is reused.
+void Qwen35Model::decoder_layer(const LayerWeights& L, Tensor x, const Tensor* pending, Tensor mlp_out) {
   const int64_t T = x.dim(0), H = cfg_.hidden_size;
   const size_t mark = ops_.scratch_mark();
   Tensor h = act({T, H});
-  ops_.rms_norm(x, L.input_norm, cfg_.rms_norm_eps, h);
+  if (pending) ops_.add_rms_norm(x, *pending, L.input_norm, cfg_.rms_norm_eps, h);
+  else ops_.rms_norm(x, L.input_norm, cfg_.rms_norm_eps, h);
   Tensor mixed = L.type == LayerType::kLinearAttention ? gdn_block(L, h) : attention_block(L, h);
   ops_.add_rms_norm(x, mixed, L.post_attn_norm, cfg_.rms_norm_eps, h);
-  ops_.add(x, mlp_block(L.mlp, h));
+  mlp_block(L.mlp, h, mlp_out);
   ops_.scratch_release(mark);
-  return x;
 }
 
 // hn act [T, H] (final-normed) -> act [n_out, V] logits of plan.logit_rows
@@ -152,9 +147,15 @@ Tensor Qwen35Model::forward(const StepPlan& plan, Tensor* hidden_out) {
     const int64_t T = plan.n_tokens(), H = cfg_.hidden_size;
     Tensor x = act({T, H});  // the residual stream
     ops_.embedding(w_.embed, x);
-    for (const LayerWeights& L : w_.layers) decoder_layer(L, x);
+    Tensor mlp_out[2] = {act({T, H}), act({T, H})};  // a layer's MLP output, added by the next norm
+    const Tensor* pending = nullptr;
+    for (size_t i = 0; i < w_.layers.size(); ++i) {
+      decoder_layer(w_.layers[i], x, pending, mlp_out[i % 2]);
+      pending = &mlp_out[i % 2];
+    }
     Tensor hn = act({T, H});
-    ops_.rms_norm(x, w_.final_norm, cfg_.rms_norm_eps, hn);
+    if (pending) ops_.add_rms_norm(x, *pending, w_.final_norm, cfg_.rms_norm_eps, hn);
+    else ops_.rms_norm(x, w_.final_norm, cfg_.rms_norm_eps, hn);
     return {logits_of(hn, plan.n_out()), hn};
   });
   if (hidden_out) *hidden_out = out[1];
@@ -177,9 +178,10 @@ Tensor Qwen35Model::forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor
   ops_.concat_cols(e_normed, h_normed, fc_in);
   Tensor x = act({T, H});
   linear(fc_in, m.fc, x);
-  decoder_layer(m.layer, x);
+  Tensor mlp_out = act({T, H});
+  decoder_layer(m.layer, x, nullptr, mlp_out);
   Tensor mtp_hidden = act({T, H});
-  ops_.rms_norm(x, m.norm, cfg_.rms_norm_eps, mtp_hidden);
+  ops_.add_rms_norm(x, mlp_out, m.norm, cfg_.rms_norm_eps, mtp_hidden);
   if (hidden_out) *hidden_out = mtp_hidden;
   return logits_of(mtp_hidden, plan.n_out());
 }

@@ -121,8 +121,8 @@ class Qwen35Model {
   Qwen35Model(const ModelConfig& cfg, ModelWeights w, Ops& ops) : cfg_(cfg), w_(std::move(w)), ops_(ops) {}
   Tensor gdn_block(const LayerWeights& L, Tensor h);
   Tensor attention_block(const LayerWeights& L, Tensor h);
-  Tensor mlp_block(const MlpWeights& m, Tensor h);
-  Tensor decoder_layer(const LayerWeights& L, Tensor x);
+  void mlp_block(const MlpWeights& m, Tensor h, Tensor out);
+  void decoder_layer(const LayerWeights& L, Tensor x, const Tensor* pending, Tensor mlp_out);
   Tensor logits_of(Tensor hn, int64_t n_out);
   Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }
   // out act [T, N] = x act [T, K] . w^T, dense or W4A16
