@@ -380,7 +380,7 @@ void launch(const Fmt& w, const __nv_bfloat16* x, const OutParts& out, float* pa
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = gemv_pdl() ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, kernel_of<Fmt, NT, D, kAsync>(), w, x, out, partial, counters, T, N, K);
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_of<Fmt, NT, D, kAsync>(), w, x, out, partial, counters, T, N, K));
 }
 
 // The kernel's view of a launcher's GemvOut (launchers.h): row ends instead of row counts.

@@ -8,7 +8,7 @@
 //     q + 8), so `(word >> 4r) & 0x000F000F` is A register r as a pair. One warp reads 512
 //     contiguous bytes per chunk. Rows past N hold q = 0.
 //   tiled scales f32 [NB, K/group, 8, 2]: (row 16rb + g, row 16rb + g + 8), 0 past N.
-// Small T (decode, verify; <= 32 per launch) runs the tensor-core GEMV of qgemv_kernel.cuh,
+// Small T (decode, verify; up to 64 per launch) runs the tensor-core GEMV of qgemv_kernel.cuh,
 // streaming the weights once for all tokens, with either main loop (GemvLoop); large T
 // (prefill) dequantises to a bf16 matrix for cuBLAS.
 #include <algorithm>
