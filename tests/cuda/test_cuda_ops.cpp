@@ -139,6 +139,32 @@ TEST_F(CudaOpsTest, LinearEmbeddingGather) {
   }
 }
 
+// A fused dense weight (Ops::linear_parts): the small-GEMV launch with parts (T <= 16, widths
+// not multiples of 8) and the default row views beyond it.
+TEST_F(CudaOpsTest, DenseLinearParts) {
+  const int K = 96;
+  const std::vector<int> widths = {5, 48, 43};
+  const int N = 96;
+  for (int T : {1, 7, 16, 17}) {
+    auto x = both(random_bf16(T * K, rng), {T, K});
+    LinearWeight wc, wg;
+    auto w = both(random_bf16(N * K, rng, 0.1f), {N, K});
+    wc.dense = w.first;
+    wg.dense = w.second;
+    std::vector<std::pair<Tensor, Tensor>> parts;
+    std::vector<Tensor> pc, pg;
+    for (int n : widths) {
+      parts.push_back(outputs({T, n}));
+      pc.push_back(parts.back().first);
+      pg.push_back(parts.back().second);
+    }
+    cpu.linear_parts(x.first, wc, pc);
+    gpu->linear_parts(x.second, wg, pg);
+    for (size_t i = 0; i < parts.size(); ++i)
+      expect_close(parts[i], 1e-2, "linear_parts_T" + std::to_string(T) + "_part" + std::to_string(i));
+  }
+}
+
 TEST_F(CudaOpsTest, SplitQueryGateAndRope) {
   const int T = 63, nH = 3, hd = 40;
   StepPlan p = make_plan({20, 43}, {0, 1000}, 16, 4);

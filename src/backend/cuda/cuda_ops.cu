@@ -375,7 +375,7 @@ void CudaOps::linear(Tensor x, Tensor w, Tensor out) {
             w.shape_str().c_str(), out.shape_str().c_str());
   if (T == 0) return;
   if (cuda::small_gemv_supported(x.data, w.data, T, N, K)) {  // e.g. in_proj_a/b at decode: no split-K GEMM
-    cuda::launch_small_gemv(B(x), B(w), B(out), T, N, K, impl_->stream);
+    cuda::launch_small_gemv(B(x), B(w), cuda::GemvOut::whole(B(out), N), T, N, K, impl_->stream);
     return;
   }
   gemm(x.data, w.data, out.data, T, N, K, N);
@@ -402,15 +402,18 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
 }
 
 void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
-  // Tiled W4A16 cannot be cut into row views: one GEMV writes every part (the default handles
-  // dense weights, and a single part).
-  if (!w.quantized() || w.format != WeightFormat::kW4A16Tiled || outs.size() == 1) {
+  // Tiled W4A16 cannot be cut into row views: one GEMV writes every part. Small dense weights
+  // (GDN b + a at decode) take one small-GEMV launch; other dense ones, and single parts, the
+  // default (row views).
+  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
+  const bool tiled = w.quantized() && w.format == WeightFormat::kW4A16Tiled;
+  const bool small = !w.quantized() && cuda::small_gemv_supported(x.data, w.dense.data, T,
+                                                                  static_cast<int>(w.dense.dim(0)), K);
+  if (outs.size() == 1 || outs.size() > size_t(cuda::kGemvMaxParts) || !(tiled || small)) {
     Ops::linear_parts(x, w, outs);
     return;
   }
   expect_bf16(x, "linear_parts x");
-  DS_ASSERT(outs.size() <= size_t(cuda::kGemvMaxParts), "linear_parts: %zu parts, at most %d", outs.size(),
-            cuda::kGemvMaxParts);
   cuda::GemvOut o;
   int64_t sum = 0;
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -422,9 +425,15 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
     sum += outs[i].dim(1);
   }
   o.n_parts = static_cast<int>(outs.size());
-  DS_ASSERT(sum == w.rows, "linear_parts: outs of %lld columns in all, the weight has %lld rows", (long long)sum,
-            (long long)w.rows);
-  linear_w4a16(x, w, o);
+  const int64_t N = tiled ? w.rows : w.dense.dim(0);
+  DS_ASSERT(sum == N, "linear_parts: outs of %lld columns in all, the weight has %lld rows", (long long)sum,
+            (long long)N);
+  if (tiled) {
+    linear_w4a16(x, w, o);
+  } else {
+    expect_bf16(w.dense, "linear_parts weight");
+    cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(N), K, impl_->stream);
+  }
 }
 
 void CudaOps::linear_w4a16(Tensor x, const LinearWeight& w, const cuda::GemvOut& out) {

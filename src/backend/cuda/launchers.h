@@ -135,7 +135,7 @@ void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t
 constexpr int kSmallGemvMaxTokens = 16;
 constexpr int kSmallGemvMaxRows = 256;
 bool small_gemv_supported(const void* x, const void* w, int T, int N, int K);
-void launch_small_gemv(const bf16* x, const bf16* w, bf16* out, int T, int N, int K, cudaStream_t s);
+void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s);
 
 // Varlen causal depthwise conv + SiLU from the conv state, then the state update.
 // mixed bf16 [T, C]; w f32 [C, K]; state bf16 [n_slots, K-1, C]; out bf16 [T, C].

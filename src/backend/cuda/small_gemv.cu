@@ -1,6 +1,7 @@
-// Dense bf16 linear for few output rows and few tokens (the GDN in_proj_a / in_proj_b, N = Hv):
+// Dense bf16 linear for few output rows and few tokens (the GDN in_proj_b + in_proj_a, N = 2 Hv):
 // one block per output row reads the row once and reduces all T tokens' dot products, one
-// launch where cuBLAS takes a split-K GEMM plus its reduction kernel.
+// launch where cuBLAS takes a split-K GEMM plus its reduction kernel. The rows may be the parts
+// of a fused weight (GemvOut).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
@@ -14,7 +15,7 @@ constexpr int kThreads = 256;
 // Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= kSmallGemvMaxTokens), 16-byte
 // vectors (K % 8 == 0), fp32 accumulation.
 __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                              bf16* __restrict__ out, int T, int N, int K) {
+                                                              GemvOut out, int T, int K) {
   __shared__ float red[kThreads / 32][kSmallGemvMaxTokens];
   const int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float acc[kSmallGemvMaxTokens];
@@ -46,7 +47,9 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
     float v = 0.f;
 #pragma unroll
     for (int i = 0; i < kThreads / 32; ++i) v += red[i][threadIdx.x];
-    out[int64_t(threadIdx.x) * N + n] = to_bf16(v);
+    int p = 0, begin = 0;  // the part holding row n
+    while (p + 1 < out.n_parts && n >= begin + out.rows[p]) begin += out.rows[p++];
+    out.ptr[p][int64_t(threadIdx.x) * out.rows[p] + (n - begin)] = to_bf16(v);
   }
 }
 
@@ -57,9 +60,12 @@ bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
   return aligned && T >= 1 && T <= kSmallGemvMaxTokens && N <= kSmallGemvMaxRows && K % 8 == 0;
 }
 
-void launch_small_gemv(const bf16* x, const bf16* w, bf16* out, int T, int N, int K, cudaStream_t s) {
+void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s) {
   DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
-  small_gemv_kernel<<<N, kThreads, 0, s>>>(x, w, out, T, N, K);
+  int rows = 0;
+  for (int p = 0; p < out.n_parts; ++p) rows += out.rows[p];
+  DS_ASSERT(out.n_parts >= 1 && rows == N, "small GEMV: parts of %d rows for N %d", rows, N);
+  small_gemv_kernel<<<N, kThreads, 0, s>>>(x, w, out, T, K);
   cuda_check_launch("small_gemv", s);
 }
 
