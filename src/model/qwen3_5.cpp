@@ -99,9 +99,8 @@ Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
   Tensor attn_output = act({T, nH * hd});
   ops_.attention(query_states, key_states, value_states, L.cache_index, 1.0f / std::sqrt(static_cast<float>(hd)),
                  attn_output);
-  ops_.sigmoid_mul(attn_output, gate);
   Tensor out = act({T, H});
-  linear(attn_output, w.o_proj, out);
+  ops_.gated_linear(attn_output, gate, GateAct::kMulSigmoid, w.o_proj, out);  // o_proj(attn * sigmoid(gate))
   return out;
 }
 
@@ -111,9 +110,7 @@ void Qwen35Model::mlp_block(const MlpWeights& m, Tensor h, Tensor out) {
   Tensor gate = act({T, I});
   Tensor up = act({T, I});
   linear(h, m.gate_up, {gate, up});
-  Tensor inner = act({T, I});
-  ops_.silu_mul(gate, up, inner);
-  linear(inner, m.down_proj, out);
+  ops_.gated_linear(gate, up, GateAct::kSiluMul, m.down_proj, out);  // down_proj(silu(gate) * up)
 }
 
 // Pre-norm residual block on the residual stream x act [T, H]. The block's last residual add is

@@ -39,6 +39,18 @@ void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> 
   }
 }
 
+void Ops::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
+  Tensor x = a;  // sigmoid_mul gates in place
+  if (act == GateAct::kSiluMul) {
+    x = scratch(a.dtype, {a.dim(0), a.dim(1)});
+    silu_mul(a, b, x);
+  } else {
+    sigmoid_mul(a, b);
+  }
+  if (w.quantized()) linear_quantized(x, w, out);
+  else linear(x, w.dense, out);
+}
+
 void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
                                int state_layer, Tensor out) {
   const int64_t T = a.dim(0), Hv = a.dim(1);

@@ -41,6 +41,9 @@ struct LinearWeight {
   bool quantized() const { return group_size > 0; }
 };
 
+// The gate of Ops::gated_linear's input.
+enum class GateAct : uint8_t { kSiluMul, kMulSigmoid };
+
 // What a weight is used for, so a backend can choose its storage (Ops::prepare_weight).
 enum class WeightRole : uint8_t { kLinear, kEmbedding, kLmHead };
 
@@ -118,6 +121,11 @@ class Ops {
   // part on row views of a dense or raw W4A16 (packed [N, K/8], scales [N, K/group]) weight; a
   // backend whose quantized form cannot be cut into rows (CUDA tiles) overrides it.
   virtual void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs);
+  // out act [T, N] = act(a, b) . W^T, act(a, b) = silu(a) * b (kSiluMul: the MLP's down_proj) or
+  // a * sigmoid(b) (kMulSigmoid: the attention's o_proj); a, b act [T, K]. silu_mul or
+  // sigmoid_mul, then the linear, in one op where a backend gates the input while reading it.
+  // a may be overwritten.
+  virtual void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out);
   // x act [R, D] += y act [R, D]
   virtual void add(Tensor x, Tensor y) = 0;
   // x += y, then out = rms_norm(x) (of the sum as stored in act): the residual add and the next

@@ -201,6 +201,42 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
   cuda::set_w4a16_gemv_loop(loop_before);
 }
 
+// The GEMV that gates its input while reading it (Ops::gated_linear: down_proj of silu(gate) *
+// up, o_proj of attn * sigmoid(gate)) against the CPU's elementwise op + linear, in both main
+// loops and with 64 tokens per launch; T 200 takes the separate kernels.
+TEST_F(CudaLinearQuantTest, GatedInputMatchesCpu) {
+  const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
+  const int tokens_before = cuda::w4a16_gemv_tokens();
+  const int N = 200, K = 512;
+  W4Case c = make_w4(*gpu, rng, N, K, 128);
+  LinearWeight wc;
+  wc.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+  for (GateAct act : {GateAct::kSiluMul, GateAct::kMulSigmoid})
+    for (auto [loop, per_launch] : std::vector<std::pair<cuda::GemvLoop, int>>{
+             {cuda::GemvLoop::kRegisters, 32}, {cuda::GemvLoop::kAsync4, 32}, {cuda::GemvLoop::kRegisters, 64}}) {
+      cuda::set_w4a16_gemv_loop(loop);
+      cuda::set_w4a16_gemv_tokens(per_launch);
+      for (int T : {1, 9, 40, 200}) {
+        const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng);
+        Tensor ac = cpu.upload(a.data(), DType::kF32, {T, K}, DType::kF32);
+        Tensor bc = cpu.upload(b.data(), DType::kF32, {T, K}, DType::kF32);
+        Tensor ag = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);
+        Tensor bg = gpu->upload(b.data(), DType::kF32, {T, K}, DType::kBF16);
+        Tensor oc = cpu.scratch(DType::kF32, {T, N}), og = gpu->scratch(DType::kBF16, {T, N});
+        cpu.gated_linear(ac, bc, act, wc, oc);
+        gpu->gated_linear(ag, bg, act, c.gpu_w, og);
+        std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+        EXPECT_LE(rel_rms(download(og), ref), 5e-3)
+            << "act " << static_cast<int>(act) << " loop " << static_cast<int>(loop) << " per launch " << per_launch
+            << " T " << T;
+        gpu->reset_scratch();
+        cpu.reset_scratch();
+      }
+    }
+  cuda::set_w4a16_gemv_loop(loop_before);
+  cuda::set_w4a16_gemv_tokens(tokens_before);
+}
+
 TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
   for (auto [V, H] : std::vector<std::pair<int, int>>{{1000, 256}, {3001, 5120}}) {
     const std::vector<float> table = random_bf16(size_t(V) * H, rng, 0.05f);

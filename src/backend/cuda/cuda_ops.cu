@@ -398,7 +398,8 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
   DS_ASSERT(w.format == WeightFormat::kW4A16Tiled, "W4A16 weights reach the CUDA linear through prepare_weight");
   DS_ASSERT(out.numel() == x.dim(0) * w.rows, "W4A16 shapes x%s (N %lld) out%s", x.shape_str().c_str(),
             static_cast<long long>(w.rows), out.shape_str().c_str());
-  linear_w4a16(x, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
+  linear_w4a16(cuda::GemvIn{B(x)}, static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), w,
+               cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
 }
 
 void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
@@ -429,39 +430,64 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   DS_ASSERT(sum == N, "linear_parts: outs of %lld columns in all, the weight has %lld rows", (long long)sum,
             (long long)N);
   if (tiled) {
-    linear_w4a16(x, w, o);
+    linear_w4a16(cuda::GemvIn{B(x)}, T, K, w, o);
   } else {
     expect_bf16(w.dense, "linear_parts weight");
     cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(N), K, impl_->stream);
   }
 }
 
-void CudaOps::linear_w4a16(Tensor x, const LinearWeight& w, const cuda::GemvOut& out) {
-  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.rows);
-  DS_ASSERT(w.packed.dim(1) * 8 == K, "W4A16 shapes x%s packed%s", x.shape_str().c_str(), w.packed.shape_str().c_str());
+namespace {
+
+// Steps of up to kW4A16GemvSliceTokens tokens take the W4A16 GEMV in slices of up to
+// w4a16_gemv_tokens() tokens (weights read once per slice); longer ones dequantise + cuBLAS,
+// which moves about 9x the weight bytes but runs on tensor cores at full rate.
+constexpr int kW4A16GemvSliceTokens = 128;
+bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= kW4A16GemvSliceTokens; }
+
+}  // namespace
+
+void CudaOps::linear_w4a16(const cuda::GemvIn& in, int T, int K, const LinearWeight& w, const cuda::GemvOut& out) {
+  const int N = static_cast<int>(w.rows);
+  DS_ASSERT(w.packed.dim(1) * 8 == K, "W4A16 shapes: K %d, packed%s", K, w.packed.shape_str().c_str());
   if (T == 0) return;
   const auto* tiled = static_cast<const uint32_t*>(w.packed.data);
-  // Steps of up to kW4A16GemvSliceTokens tokens take the GEMV in slices of up to
-  // w4a16_gemv_tokens() tokens (weights read once per slice); longer ones dequantise + cuBLAS,
-  // which moves about 9x the weight bytes but runs on tensor cores at full rate.
-  const int gemv_max_tokens = cuda::w4a16_gemv_tokens();
-  constexpr int kW4A16GemvSliceTokens = 128;
   const size_t mark = scratch_mark();
-  if (gemv_max_tokens > 0 && T <= kW4A16GemvSliceTokens) {
-    for (int t0 = 0; t0 < T; t0 += gemv_max_tokens) {
-      const int n = std::min(gemv_max_tokens, T - t0);
-      const int splits = cuda::w4a16_gemv_splits(n, N, K);
+  if (w4a16_takes_gemv(T)) {
+    const int per_launch = cuda::w4a16_gemv_tokens();
+    for (int t0 = 0; t0 < T; t0 += per_launch) {
+      const int n = std::min(per_launch, T - t0);
+      const int splits = cuda::w4a16_gemv_splits(n, N, K, in.act);
       float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
-      cuda::launch_w4a16_gemv(B(x) + int64_t(t0) * K, tiled, F(w.scales), out.from_token(t0), partial,
+      cuda::launch_w4a16_gemv(in.from_token(t0, K), tiled, F(w.scales), out.from_token(t0), partial,
                               impl_->gemv_counters, splits, n, N, K, w.group_size, impl_->stream);
     }
   } else {
+    DS_ASSERT(in.act == cuda::GemvAct::kNone, "a gated W4A16 input takes the GEMV (T %d)", T);
     Tensor dense = scratch(DType::kBF16, {N, K});
     cuda::launch_w4a16_dequant(tiled, F(w.scales), B(dense), N, K, w.group_size, impl_->stream);
     for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p)
-      gemm(x.data, B(dense) + int64_t(row0) * K, out.ptr[p], T, out.rows[p], K, out.rows[p]);
+      gemm(in.a, B(dense) + int64_t(row0) * K, out.ptr[p], T, out.rows[p], K, out.rows[p]);
   }
   scratch_release(mark);
+}
+
+void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
+  const int T = static_cast<int>(a.dim(0)), K = static_cast<int>(a.dim(1));
+  if (!w.quantized() || w.format != WeightFormat::kW4A16Tiled || !w4a16_takes_gemv(T)) {
+    Ops::gated_linear(a, b, act, w, out);  // the elementwise kernel, then the linear
+    return;
+  }
+  expect_bf16(a, "gated_linear a");
+  expect_bf16(b, "gated_linear b");
+  expect_bf16(out, "gated_linear out");
+  DS_ASSERT(b.numel() == a.numel() && out.numel() == int64_t(T) * w.rows, "gated_linear shapes a%s b%s out%s (N %lld)",
+            a.shape_str().c_str(), b.shape_str().c_str(), out.shape_str().c_str(), static_cast<long long>(w.rows));
+  cuda::GemvIn in;
+  in.a = B(a);
+  in.b = B(b);
+  in.act = act == GateAct::kSiluMul ? cuda::GemvAct::kSiluMul : cuda::GemvAct::kMulSigmoid;
+  linear_w4a16(in, T, K, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
 }
 
 void CudaOps::linear_int8(Tensor x, const LinearWeight& w, Tensor out) {

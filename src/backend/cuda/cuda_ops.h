@@ -13,7 +13,8 @@
 namespace ds {
 
 namespace cuda {
-struct GemvOut;  // launchers.h
+struct GemvIn;  // launchers.h
+struct GemvOut;
 }
 
 enum class StateDType { kF32, kF16, kBF16 };
@@ -64,6 +65,7 @@ class CudaOps final : public Ops {
   bool supports_w4a16() const override { return true; }
   void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) override;
   void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) override;
+  void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) override;
   void add(Tensor x, Tensor y) override;
   void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
@@ -92,8 +94,8 @@ class CudaOps final : public Ops {
   void gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc);
   void free_weight(Tensor t);  // a weight replaced by its prepared form
   void linear_int8(Tensor x, const LinearWeight& w, Tensor out);
-  // The W4A16 (tiled) linear into one output or the parts of a fused weight.
-  void linear_w4a16(Tensor x, const LinearWeight& w, const cuda::GemvOut& out);
+  // The W4A16 (tiled) linear of in [T, K] into one output or the parts of a fused weight.
+  void linear_w4a16(const cuda::GemvIn& in, int T, int K, const LinearWeight& w, const cuda::GemvOut& out);
   struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
   std::unique_ptr<Impl> impl_;
   CudaOpsOptions options_;

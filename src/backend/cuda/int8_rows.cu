@@ -70,8 +70,14 @@ __global__ void int8_embedding_kernel(const int8_t* q, const float* scales, cons
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535 * 8)); }
 
 template <int NT>
+void launch_nt(const Int8Rows& w, const qgemv::XPlain& x, const qgemv::OutParts& o, float* partial, int* counters,
+               int splits, int T, int N, int K, cudaStream_t s) {
+  qgemv::launch<Int8Rows, qgemv::XPlain, NT, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
+}
+
+template <int NT>
 int resident() {
-  return qgemv::resident_blocks<Int8Rows, NT, kChunksInFlight, false>();
+  return qgemv::resident_blocks<Int8Rows, qgemv::XPlain, NT, kChunksInFlight, false>();
 }
 
 }  // namespace
@@ -96,10 +102,11 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16*
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "int8 GEMV: x must be 16-byte aligned");
   const Int8Rows w{q, scales, K, K / 128};
   const qgemv::OutParts o = qgemv::out_parts(GemvOut::whole(out, N), N);
-  if (T <= 8) qgemv::launch<Int8Rows, 1, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
-  else if (T <= 16) qgemv::launch<Int8Rows, 2, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
-  else if (T <= 32) qgemv::launch<Int8Rows, 4, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
-  else qgemv::launch<Int8Rows, 8, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
+  const qgemv::XPlain xp{x};
+  if (T <= 8) launch_nt<1>(w, xp, o, partial, counters, splits, T, N, K, s);
+  else if (T <= 16) launch_nt<2>(w, xp, o, partial, counters, splits, T, N, K, s);
+  else if (T <= 32) launch_nt<4>(w, xp, o, partial, counters, splits, T, N, K, s);
+  else launch_nt<8>(w, xp, o, partial, counters, splits, T, N, K, s);
   cuda_check_launch("int8_gemv", s);
 }
 

@@ -155,12 +155,38 @@ struct OutParts {
   }
 };
 
-// acc += the chunk's contribution: f holds the warp's 16 rows of the chunk, xc points at
-// x[0][64 c + 16 q4] (token t at xc + t K).
-template <class Fmt, int NT>
-__device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fmt::Frag& f,
-                                                 const __nv_bfloat16* __restrict__ xc, int T, int K, int g,
-                                                 float (&acc)[NT][4]) {
+// How the GEMV reads its input x bf16 [T, K]: 8 values from element offset i (16-byte aligned).
+// XPlain reads x; XGated makes x = act(a, b) from two inputs as the elementwise kernels store it
+// (rounded to bf16): silu(a) * b (GemvAct::kSiluMul, the MLP) or a * sigmoid(b) (kMulSigmoid, the
+// attention output gate), saving that kernel's launch and its [T, K] round trip.
+struct XPlain {
+  const __nv_bfloat16* x;
+  __device__ __forceinline__ uint4 load8(int64_t i) const { return __ldg(reinterpret_cast<const uint4*>(x + i)); }
+};
+struct XGated {
+  const __nv_bfloat16* a;
+  const __nv_bfloat16* b;
+  GemvAct act;
+  __device__ __forceinline__ uint4 load8(int64_t i) const {
+    const uint4 av = __ldg(reinterpret_cast<const uint4*>(a + i)), bv = __ldg(reinterpret_cast<const uint4*>(b + i));
+    const __nv_bfloat16* ae = reinterpret_cast<const __nv_bfloat16*>(&av);
+    const __nv_bfloat16* be = reinterpret_cast<const __nv_bfloat16*>(&bv);
+    uint4 r;
+    __nv_bfloat16* re = reinterpret_cast<__nv_bfloat16*>(&r);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const float x = to_f32(ae[e]), y = to_f32(be[e]);
+      re[e] = to_bf16(act == GemvAct::kSiluMul ? silu_f(x) * y : x * sigmoid_f(y));
+    }
+    return r;
+  }
+};
+
+// acc += the chunk's contribution: f holds the warp's 16 rows of the chunk, col0 = 64 c + 16 q4
+// (token t's columns start at element t K + col0 of the input).
+template <class Fmt, class X, int NT>
+__device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fmt::Frag& f, const X& x, int col0,
+                                                 int T, int K, int g, float (&acc)[NT][4]) {
   float p[NT][4];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
@@ -172,7 +198,7 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int t = nt * 8 + g;
-      xv[nt] = t < T ? __ldg(reinterpret_cast<const uint4*>(xc + int64_t(t) * K + 8 * h)) : make_uint4(0, 0, 0, 0);
+      xv[nt] = t < T ? x.load8(int64_t(t) * K + col0 + 8 * h) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
@@ -246,10 +272,9 @@ __device__ __forceinline__ void split_range(int K, int& c_begin, int& c_end) {
 // U while using these, a software pipeline in registers, measured 15% slower on the H200: more
 // registers, fewer warps.) partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] (zero
 // between launches) are used only when gridDim.y > 1.
-template <class Fmt, int NT, int U>
-__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, const __nv_bfloat16* __restrict__ x, OutParts out,
-                                                           float* __restrict__ partial, int* __restrict__ counters,
-                                                           int T, int N, int K) {
+template <class Fmt, class X, int NT, int U>
+__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, X x, OutParts out, float* __restrict__ partial,
+                                                           int* __restrict__ counters, int T, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rb = blockIdx.x * kWarps + warp;
   pdl_trigger();
@@ -271,7 +296,7 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, const __nv_bf
 #pragma unroll
       for (int u = 0; u < U; ++u)
         if (c0 + u < c_end)
-          accumulate_chunk<Fmt, NT>(w, f[u], x + int64_t(c0 + u) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
+          accumulate_chunk<Fmt, X, NT>(w, f[u], x, (c0 + u) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
     }
   }
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
@@ -288,9 +313,8 @@ constexpr int async_smem_bytes() {
 // are in flight while one is computed. The first S - 1 chunks are issued before pdl_wait(), so
 // with programmatic dependent launch they stream while the previous kernel finishes. Same
 // arguments as qgemv_kernel, plus async_smem_bytes<Fmt, S>() of dynamic shared memory.
-template <class Fmt, int NT, int S>
-__global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, const __nv_bfloat16* __restrict__ x,
-                                                                 OutParts out, float* __restrict__ partial,
+template <class Fmt, class X, int NT, int S>
+__global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, X x, OutParts out, float* __restrict__ partial,
                                                                  int* __restrict__ counters, int T, int N, int K) {
   static_assert((S & (S - 1)) == 0 && S >= 2, "S: a power of two");
   extern __shared__ uint4 qgemv_ring[];  // uint4: 16-byte aligned slots
@@ -320,16 +344,16 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, const _
     cp_async_commit();
     cp_async_wait<S - 1>();  // chunk i's group is complete
     const Frag f = ring[32 * (i % S)];
-    accumulate_chunk<Fmt, NT>(w, f, x + int64_t(c_begin + i) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
+    accumulate_chunk<Fmt, X, NT>(w, f, x, (c_begin + i) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
   }
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
 }
 
 // The register kernel (kAsync false, D = U) or the cp.async kernel (kAsync true, D = S).
-template <class Fmt, int NT, int D, bool kAsync>
+template <class Fmt, class X, int NT, int D, bool kAsync>
 constexpr auto kernel_of() {
-  if constexpr (kAsync) return qgemv_async_kernel<Fmt, NT, D>;
-  else return qgemv_kernel<Fmt, NT, D>;
+  if constexpr (kAsync) return qgemv_async_kernel<Fmt, X, NT, D>;
+  else return qgemv_kernel<Fmt, X, NT, D>;
 }
 
 template <class Fmt, int D, bool kAsync>
@@ -340,10 +364,10 @@ constexpr int smem_of() {
 
 // Blocks of the kernel resident on the whole GPU at once (asked once per kernel; also lifts the
 // kernel's dynamic shared memory limit, before its first launch).
-template <class Fmt, int NT, int D, bool kAsync>
+template <class Fmt, class X, int NT, int D, bool kAsync>
 int resident_blocks() {
   static const int n = [] {
-    constexpr auto kernel = kernel_of<Fmt, NT, D, kAsync>();
+    constexpr auto kernel = kernel_of<Fmt, X, NT, D, kAsync>();
     constexpr int smem = smem_of<Fmt, D, kAsync>();
     if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int dev = 0, sms = 0, per_sm = 0;
@@ -365,11 +389,11 @@ inline int choose_splits(int resident, int T, int N, int K, int max_tiles) {
   return std::max(1, std::min({resident / tiles, n_chunks / 4, n_chunks / std::max(T, 1)}));
 }
 
-// resident_blocks<Fmt, NT, D, kAsync>() must have been called before (it is, by the splits).
+// resident_blocks<Fmt, X, NT, D, kAsync>() must have been called before (it is, by the splits).
 // pdl: launched with programmatic stream serialization (gemv_pdl(), launchers.h).
-template <class Fmt, int NT, int D, bool kAsync>
-void launch(const Fmt& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters, int splits, int T,
-            int N, int K, cudaStream_t s) {
+template <class Fmt, class X, int NT, int D, bool kAsync>
+void launch(const Fmt& w, const X& x, const OutParts& out, float* partial, int* counters, int splits, int T, int N,
+            int K, cudaStream_t s) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((N + kTileRows - 1) / kTileRows, splits);
   cfg.blockDim = dim3(kWarps * 32);
@@ -380,7 +404,7 @@ void launch(const Fmt& w, const __nv_bfloat16* x, const OutParts& out, float* pa
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = gemv_pdl() ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_of<Fmt, NT, D, kAsync>(), w, x, out, partial, counters, T, N, K));
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_of<Fmt, X, NT, D, kAsync>(), w, x, out, partial, counters, T, N, K));
 }
 
 // The kernel's view of a launcher's GemvOut (launchers.h): row ends instead of row counts.

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -182,26 +183,34 @@ void set_gemv_pdl(bool on) { g_pdl = on; }
 int w4a16_gemv_tokens() { return g_tokens; }
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
-int w4a16_gemv_splits(int T, int N, int K) {
-  const int resident = with_kernel(T, [](auto k) {
+int w4a16_gemv_splits(int T, int N, int K, GemvAct act) {
+  const int resident = with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
-    return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::D, Kn::kAsync>();
+    return act == GemvAct::kNone ? qgemv::resident_blocks<W4Tiled, qgemv::XPlain, Kn::NT, Kn::D, Kn::kAsync>()
+                                 : qgemv::resident_blocks<W4Tiled, qgemv::XGated, Kn::NT, Kn::D, Kn::kAsync>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
 
-void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
+void launch_w4a16_gemv(const GemvIn& in, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
                        float* partial, int* counters, int splits, int T, int N, int K, int group, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
-  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "W4A16 GEMV: x must be 16-byte aligned");
+  DS_ASSERT(reinterpret_cast<uintptr_t>(in.a) % 16 == 0 && reinterpret_cast<uintptr_t>(in.b) % 16 == 0,
+            "W4A16 GEMV: the inputs must be 16-byte aligned");
+  DS_ASSERT(in.act == GemvAct::kNone || in.b, "W4A16 GEMV: a gated input needs both inputs");
   const qgemv::OutParts parts = qgemv::out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
-    qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::D, Kn::kAsync>();  // the shared memory limit, once
-    qgemv::launch<W4Tiled, Kn::NT, Kn::D, Kn::kAsync>(w, x, parts, partial, counters, splits, T, N, K, s);
+    auto run = [&](const auto& x) {
+      using X = std::decay_t<decltype(x)>;
+      qgemv::resident_blocks<W4Tiled, X, Kn::NT, Kn::D, Kn::kAsync>();  // the shared memory limit, once
+      qgemv::launch<W4Tiled, X, Kn::NT, Kn::D, Kn::kAsync>(w, x, parts, partial, counters, splits, T, N, K, s);
+    };
+    if (in.act == GemvAct::kNone) run(qgemv::XPlain{in.a});
+    else run(qgemv::XGated{in.a, in.b, in.act});
   });
   cuda_check_launch("w4a16_gemv", s);
 }
