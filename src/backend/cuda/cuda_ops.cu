@@ -439,11 +439,10 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
 
 namespace {
 
-// Steps of up to kW4A16GemvSliceTokens tokens take the W4A16 GEMV in slices of up to
+// Steps of up to w4a16_gemv_step_tokens() tokens take the W4A16 GEMV in slices of up to
 // w4a16_gemv_tokens() tokens (weights read once per slice); longer ones dequantise + cuBLAS,
 // which moves about 9x the weight bytes but runs on tensor cores at full rate.
-constexpr int kW4A16GemvSliceTokens = 128;
-bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= kW4A16GemvSliceTokens; }
+bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda::w4a16_gemv_step_tokens(); }
 
 }  // namespace
 

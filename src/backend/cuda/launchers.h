@@ -118,6 +118,9 @@ void set_gemv_pdl(bool on);
 // dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 32).
 int w4a16_gemv_tokens();
 void set_w4a16_gemv_tokens(int n);
+// The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
+// env DS_W4A16_GEMV_STEP_TOKENS (default 128).
+int w4a16_gemv_step_tokens();
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
 // (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).

@@ -180,6 +180,13 @@ GemvLoop w4a16_gemv_loop() { return g_loop; }
 void set_w4a16_gemv_loop(GemvLoop loop) { g_loop = loop; }
 bool gemv_pdl() { return g_pdl; }
 void set_gemv_pdl(bool on) { g_pdl = on; }
+int w4a16_gemv_step_tokens() {
+  static const int n = [] {
+    const char* env = std::getenv("DS_W4A16_GEMV_STEP_TOKENS");
+    return std::max(0, env ? std::atoi(env) : 128);
+  }();
+  return n;
+}
 int w4a16_gemv_tokens() { return g_tokens; }
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
