@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU check, run on the device machine from the repository root: runs the CUDA op and model
-# tests from a build carried in .devbuild/ (made here by `tools/gpu_check.sh --pack`), keeps
-# full logs under $OUT, and prints a short table last.
+# tests from a build carried in .devbuild/ (made here by `tools/gpu_check.sh --pack`), each test
+# in a process of its own (a kernel fault costs that test only, and is re-run under
+# compute-sanitizer), then the benchmarks, and prints a short table last. $OUT gets two files:
+# table.txt and gpu_check_logs.tgz (every log and JSON result).
 #   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
 #   there:  tools/gpu_check.sh [tests|sweep]   (carry .devbuild; default both)
 #     tests: the CUDA tests and the decode A/B of the GEMV settings; sweep: the full model sweeps
@@ -24,16 +26,32 @@ if [ "${1:-}" = "--pack" ]; then
 fi
 
 OUT="${OUT:-/tmp/gpu_check}"
-mkdir -p "$OUT"
+LOG=/tmp/gpu_check_logs  # everything, packed into $OUT at the end (few files come back)
+rm -rf "$LOG" && mkdir -p "$OUT" "$LOG/tests"
 source tools/gpu_env.sh
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$LOG/gpu.txt" 2>&1
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
 
 PHASE="${1:-all}"
 status=0
-if [ "$PHASE" != sweep ]; then
-  for t in test_cuda_ops test_cuda_model; do
-    .devbuild/$t --gtest_output=json:"$OUT/$t.json" > "$OUT/$t.log" 2>&1 || status=1
+run_tests() {  # BINARY: each test in its own process, its log appended to $LOG/BINARY.log
+  local bin=$1 t f rc
+  : > "$LOG/$bin.log"
+  for t in $(.devbuild/"$bin" --gtest_list_tests | awk '/^[^ ]/ { suite = $1 } /^  / { print suite $1 }'); do
+    f="$LOG/tests/$bin.$(echo "$t" | tr '/' '_')"
+    timeout 300 .devbuild/"$bin" --gtest_filter="$t" --gtest_output=json:"$f.json" > "$f.log" 2>&1
+    rc=$?
+    cat "$f.log" >> "$LOG/$bin.log"
+    [ $rc -eq 0 ] && continue
+    status=1
+    echo "$bin $t: exit $rc" >> "$LOG/failed.txt"
+    if [ $rc -gt 1 ] && [ -n "$SANITIZER" ]; then  # a crash, not a failed expectation
+      timeout 240 "$SANITIZER" --print-limit 5 .devbuild/"$bin" --gtest_filter="$t" > "$f.sanitizer.log" 2>&1
+    fi
   done
+}
+if [ "$PHASE" != sweep ]; then
+  for b in test_cuda_ops test_cuda_model; do run_tests "$b"; done
 fi
 
 # The 27B-shape model benchmark (random weights), beside the rooflines measured in the same run.
@@ -47,50 +65,63 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   for cfg in $AB; do
     IFS=: read -r name loop pdl fuse tokens <<< "$cfg"
     DS_W4A16_GEMV_LOOP=$loop DS_PDL=$pdl DS_FUSE_LINEARS=$fuse DS_W4A16_GEMV_MAX_TOKENS=$tokens "${BENCH[@]}" --w4a16 \
-      --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 > "$OUT/ab_$name.txt" 2> "$OUT/ab_$name.log" || status=1
+      --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
   done
 fi
 if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != tests ]; then
-  "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384,51200 --json "$OUT/bench_model_w4a16.jsonl" \
-    > "$OUT/bench_model_w4a16.txt" 2> "$OUT/bench_model_w4a16.log" || status=1
+  "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384,51200 --json "$LOG/bench_model_w4a16.jsonl" \
+    > "$LOG/bench_model_w4a16.txt" 2> "$LOG/bench_model_w4a16.log" || status=1
   # Batch-1 decode with step graphs off: what the graphs save.
   DS_CUDA_GRAPHS=0 "${BENCH[@]}" --w4a16 --batches 1 --contexts 1024 --verify 0 --prefill 0 \
-    > "$OUT/bench_model_w4a16_nographs.txt" 2> "$OUT/bench_model_w4a16_nographs.log" || status=1
+    > "$LOG/bench_model_w4a16_nographs.txt" 2> "$LOG/bench_model_w4a16_nographs.log" || status=1
   if [ "${DS_BENCH:-all}" != w4a16 ]; then
-    "${BENCH[@]}" --batches 1,64 --contexts 1024 --verify 1,8 --prefill 4096 --json "$OUT/bench_model.jsonl" \
-      > "$OUT/bench_model.txt" 2> "$OUT/bench_model.log" || status=1
+    "${BENCH[@]}" --batches 1,64 --contexts 1024 --verify 1,8 --prefill 4096 --json "$LOG/bench_model.jsonl" \
+      > "$LOG/bench_model.txt" 2> "$LOG/bench_model.log" || status=1
   fi
 fi
 
+table() {
 echo "== figures =="
-grep -h "\[figure\]" "$OUT"/test_cuda_ops.log "$OUT"/test_cuda_model.log 2>/dev/null | sed 's/^\[figure\] //'
-echo "== op errors (relative RMS vs the CPU twin) =="
-python3 - "$OUT" <<'PY'
-import json, sys, os
-out = sys.argv[1]
-for name in ("test_cuda_ops", "test_cuda_model"):
-    p = os.path.join(out, name + ".json")
-    if not os.path.exists(p):
-        print(f"{name}: no result file"); continue
-    j = json.load(open(p))
-    for suite in j.get("testsuites", []):
-        for t in suite.get("testsuite", []):
-            props = {k: v for k, v in t.items() if k not in ("name", "file", "line", "status", "result", "timestamp", "time", "classname", "failures", "value_param", "type_param")}
-            ok = "FAIL" if t.get("failures") else "ok"
-            extra = " ".join(f"{k}={float(v):.2e}" for k, v in props.items() if v.replace('.','',1).replace('e-','',1).isdigit())
-            print(f"{ok:4} {suite['name']}.{t['name']} {extra}")
-    print(f"{name}: {j.get('tests')} tests, {j.get('failures')} failures")
+grep -h "\[figure\]" "$LOG"/test_cuda_ops.log "$LOG"/test_cuda_model.log 2>/dev/null | sed 's/^\[figure\] //'
+echo "== tests (one process each; crashes re-run under compute-sanitizer) =="
+python3 - "$LOG/tests" <<'PY'
+import glob, json, os, sys
+results = {}
+for p in sorted(glob.glob(os.path.join(sys.argv[1], "*.log"))):
+    if p.endswith(".sanitizer.log"): continue
+    stem = p[:-4]
+    binary = os.path.basename(stem).split(".")[0]
+    name = os.path.basename(stem)[len(binary) + 1:]
+    res = "CRASH"
+    if os.path.exists(stem + ".json"):
+        j = json.load(open(stem + ".json"))
+        cases = [t for s in j.get("testsuites", []) for t in s.get("testsuite", [])]
+        res = "FAIL" if any(t.get("failures") for t in cases) else \
+              "skip" if cases and all(t.get("result") == "SKIPPED" for t in cases) else "ok"
+    results.setdefault(binary, []).append((res, name))
+for binary, rs in results.items():
+    for res, name in rs:
+        if res in ("FAIL", "CRASH"): print(f"{res:5} {binary} {name}")
+    counts = {k: sum(1 for r, _ in rs if r == k) for k in ("ok", "FAIL", "CRASH", "skip")}
+    print(f"{binary}: {len(rs)} tests: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
 PY
+for f in "$LOG"/tests/*.sanitizer.log; do
+  [ -e "$f" ] || continue
+  echo "-- $(basename "$f")"; grep -m 8 -E "Invalid|Error|at 0x|by thread|in .*\.cu" "$f"
+done
 echo "== bench model (27B shape, bf16 weights, synthetic) =="
-cat "$OUT/bench_model.txt" 2>/dev/null; tail -3 "$OUT/bench_model.log" 2>/dev/null
-echo "== decode A/B (27B shape, W4A16, 1k context): GEMV loop, PDL, fused linears =="
-for f in "$OUT"/ab_*.txt; do
+cat "$LOG/bench_model.txt" 2>/dev/null; tail -3 "$LOG/bench_model.log" 2>/dev/null
+echo "== decode A/B (27B shape, W4A16, 1k context): GEMV loop, PDL, fused linears, tokens per launch =="
+for f in "$LOG"/ab_*.txt; do
   [ -e "$f" ] || continue
   echo "-- $(basename "$f" .txt | sed 's/^ab_//')"; grep -E "^decode" "$f"; tail -1 "${f%.txt}.log"
 done
 echo "== bench model (27B shape, W4A16 linears, synthetic): step graphs off =="
-grep -E "^decode" "$OUT/bench_model_w4a16_nographs.txt" 2>/dev/null; tail -3 "$OUT/bench_model_w4a16_nographs.log" 2>/dev/null
+grep -E "^decode" "$LOG/bench_model_w4a16_nographs.txt" 2>/dev/null; tail -3 "$LOG/bench_model_w4a16_nographs.log" 2>/dev/null
 echo "== bench model (27B shape, W4A16 linears, synthetic) =="
-cat "$OUT/bench_model_w4a16.txt" 2>/dev/null; tail -3 "$OUT/bench_model_w4a16.log" 2>/dev/null
-cat "$OUT/gpu.txt"
+cat "$LOG/bench_model_w4a16.txt" 2>/dev/null; tail -3 "$LOG/bench_model_w4a16.log" 2>/dev/null
+cat "$LOG/gpu.txt"
+}
+table | tee "$OUT/table.txt"
+tar czf "$OUT/gpu_check_logs.tgz" -C "$LOG" .
 exit $status
