@@ -121,7 +121,7 @@ std::vector<GemvRun> loops_and_tokens() {
 
 TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
-  const bool pdl_before = cuda::gemv_pdl();
+  const bool pdl_before = cuda::pdl_enabled();
   const int tokens_before = cuda::w4a16_gemv_tokens();
   struct Shape {
     int N, K, group;
@@ -135,7 +135,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
     for (const GemvRun& run : loops_and_tokens()) {
       const int T = run.T;
       cuda::set_w4a16_gemv_loop(run.loop);
-      cuda::set_gemv_pdl(run.pdl);
+      cuda::set_pdl_enabled(run.pdl);
       cuda::set_w4a16_gemv_tokens(run.per_launch);
       std::vector<float> x = random_bf16(size_t(T) * sh.K, rng);
       Tensor xc = cpu.upload(x.data(), DType::kF32, {T, sh.K}, DType::kF32);
@@ -160,7 +160,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
     }
   }
   cuda::set_w4a16_gemv_loop(loop_before);
-  cuda::set_gemv_pdl(pdl_before);
+  cuda::set_pdl_enabled(pdl_before);
   cuda::set_w4a16_gemv_tokens(tokens_before);
 }
 
@@ -315,7 +315,7 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
                                      {cuda::GemvLoop::kAsync4, true, "async4+pdl"},
                                      {cuda::GemvLoop::kAsync8, true, "async8+pdl"}};
   const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
-  const bool pdl_before = cuda::gemv_pdl();
+  const bool pdl_before = cuda::pdl_enabled();
   const int tokens_before = cuda::w4a16_gemv_tokens();
   const int reps = 50;
   // step_us[config][fused][T == 8]
@@ -337,7 +337,7 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       if (l.layout & (1 << f)) step_bytes[f] += bytes * l.per_step;
     for (size_t li = 0; li < loops.size(); ++li) {
       cuda::set_w4a16_gemv_loop(loops[li].loop);
-      cuda::set_gemv_pdl(loops[li].pdl);
+      cuda::set_pdl_enabled(loops[li].pdl);
       for (int T : {1, 8, 16, 17, 64, 512}) {
         if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // longer steps: one shape
         cuda::set_w4a16_gemv_tokens(T == 64 ? 64 : 32);  // 64: one NT-8 launch instead of two slices
@@ -354,7 +354,7 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
     }
   }
   cuda::set_w4a16_gemv_loop(loop_before);
-  cuda::set_gemv_pdl(pdl_before);
+  cuda::set_pdl_enabled(pdl_before);
   cuda::set_w4a16_gemv_tokens(tokens_before);
   for (size_t li = 0; li < loops.size(); ++li)
     for (int f = 0; f < 2; ++f)

@@ -1,6 +1,7 @@
 // The CUDA backend end to end on every fixture: logits against transformers' fp32 reference
 // within bf16 tolerance, greedy continuations equal where the reference margin is clear of
-// bf16 noise, and chunked prefill against one-piece prefill. Skipped where there is no GPU.
+// bf16 noise, chunked prefill against one-piece prefill, and programmatic dependent launch
+// against none. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -10,6 +11,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/launchers.h"
 #include "model/fixture.h"
 
 namespace ds::test {
@@ -114,6 +116,28 @@ TEST_P(CudaModel, ChunkedPrefillMatchesOnePiece) {
     EXPECT_LE(err_ref, 1.5 * base + 1e-3);
     EXPECT_LE(err, 2.0 * base + 1e-3);
   }
+}
+
+// Programmatic dependent launch (DS_PDL) changes when kernels start, never what they compute:
+// one-token steps (decode graphs) and 7-token steps (verify-shaped graphs) give bit-identical
+// logits with it on and off.
+TEST_P(CudaModel, PdlChangesNothing) {
+  Reference ref = load_reference(GetParam());
+  const bool before = cuda::pdl_enabled();
+  std::vector<float> logits[2];
+  for (int on = 0; on < 2; ++on) {
+    cuda::set_pdl_enabled(on == 1);
+    GpuEngine e = make_gpu_engine(GetParam());
+    for (int chunk : {1, 7}) {
+      const std::vector<float> l = gpu_prefill(e, ref.prompt_ids, chunk);
+      logits[on].insert(logits[on].end(), l.begin(), l.end());
+    }
+  }
+  cuda::set_pdl_enabled(before);
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  size_t differ = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) differ += logits[0][i] != logits[1][i];
+  EXPECT_EQ(differ, 0u) << GetParam() << ": logits that differ with programmatic dependent launch";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(fixture_names()));

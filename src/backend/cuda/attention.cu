@@ -8,7 +8,9 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace ds::cuda {
 
@@ -29,6 +31,8 @@ __device__ __forceinline__ int64_t cache_row(const int32_t* block_tables, int ma
 __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache,
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
                                  const int32_t* block_tables, int max_blocks, int width, int block_size) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.x;
   const int s = seq_of_token[t];
   const int64_t row = cache_row(block_tables, max_blocks, s, n_past[s] + (t - cu_seqlens[s]), block_size);
@@ -56,6 +60,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
     const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, const int32_t* cu_seqlens,
     const int32_t* n_past, const int32_t* block_tables, int max_blocks, int nH, int nKV, int hd, int block_size,
     float scale, int n_splits, int split_len, int row_groups, int t_begin, int max_chunk) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   __shared__ __align__(16) bf16 ks[kTileKeys][kMaxHeadDim + kPad];
   __shared__ __align__(16) bf16 vs[kTileKeys][kMaxHeadDim + kPad];
   __shared__ __align__(16) float qs[kRowsPerCta][kMaxHeadDim];
@@ -175,6 +181,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
 __global__ void attention_combine_kernel(const float* partial, bf16* out, const int32_t* seq_of_token,
                                          const int32_t* cu_seqlens, int t_begin, int TH, int min_chunk, int max_chunk,
                                          int nH, int hd, int n_splits) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int th = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
   if (th >= TH) return;
@@ -218,9 +226,8 @@ void launch_kv_append(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache
                       const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
                       int T, int nKV, int hd, int block_size, cudaStream_t s) {
   if (T == 0) return;
-  kv_append_kernel<<<T, 256, 0, s>>>(k, v, k_cache, v_cache, seq_of_token, cu_seqlens, n_past, block_tables,
-                                     max_blocks, nKV * hd, block_size);
-  cuda_check_launch("kv_append", s);
+  launch_kernel("kv_append", kv_append_kernel, T, 256, 0, s, k, v, k_cache, v_cache, seq_of_token, cu_seqlens, n_past,
+                block_tables, max_blocks, nKV * hd, block_size);
 }
 
 int attention_row_groups(int max_chunk, int nH, int nKV) {
@@ -252,10 +259,9 @@ void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, b
   int split_len = (max_ctx + n_splits - 1) / n_splits;
   split_len = (split_len + kTileKeys - 1) / kTileKeys * kTileKeys;
   const dim3 grid(n_splits, nKV, n_seqs * row_groups);
-  attention_kernel<<<grid, kWarps * 32, 0, s>>>(q, k_cache, v_cache, out, partial, cu_seqlens, n_past, block_tables,
-                                                max_blocks, nH, nKV, hd, block_size, scale, n_splits, split_len,
-                                                row_groups, t_begin, max_chunk);
-  cuda_check_launch("attention", s);
+  launch_kernel("attention", attention_kernel, grid, kWarps * 32, 0, s, q, k_cache, v_cache, out, partial, cu_seqlens,
+                n_past, block_tables, max_blocks, nH, nKV, hd, block_size, scale, n_splits, split_len, row_groups,
+                t_begin, max_chunk);
   if (n_splits > 1)
     launch_attention_combine(partial, out, seq_of_token, cu_seqlens, t_begin, t_end, 0, max_chunk, nH, hd, n_splits,
                              s);
@@ -267,9 +273,8 @@ void launch_attention_combine(const float* partial, bf16* out, const int32_t* se
   DS_ASSERT(hd % 8 == 0 && hd <= kMaxHeadDim, "attention combine: head_dim %d", hd);
   const int TH = (t_end - t_begin) * nH, per_block = 4;
   if (TH <= 0) return;
-  attention_combine_kernel<<<(TH + per_block - 1) / per_block, 32 * per_block, 0, s>>>(
-      partial, out, seq_of_token, cu_seqlens, t_begin, TH, min_chunk, max_chunk, nH, hd, n_splits);
-  cuda_check_launch("attention_combine", s);
+  launch_kernel("attention_combine", attention_combine_kernel, (TH + per_block - 1) / per_block, 32 * per_block, 0, s,
+                partial, out, seq_of_token, cu_seqlens, t_begin, TH, min_chunk, max_chunk, nH, hd, n_splits);
 }
 
 }  // namespace ds::cuda

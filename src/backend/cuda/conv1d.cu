@@ -5,7 +5,9 @@
 // another thread has already overwritten. Both sum the same products in the same order.
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace ds::cuda {
 
@@ -23,6 +25,8 @@ __device__ __forceinline__ float window_at(const bf16* mixed, const bf16* state_
 __global__ void conv1d_silu_kernel(const bf16* mixed, const float* w, const bf16* state, bf16* out,
                                    const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
                                    const int32_t* slots, int C, int K) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -39,6 +43,8 @@ __global__ void conv1d_silu_kernel(const bf16* mixed, const float* w, const bf16
 // written in ascending order and each reads a row at least as far along, so in-place is safe.
 __global__ void conv1d_state_kernel(const bf16* mixed, bf16* state, const int32_t* cu_seqlens, const int32_t* n_past,
                                     const int32_t* slots, int C, int K) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int s = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0, R = K - 1;
@@ -52,8 +58,11 @@ constexpr int kMaxShortK = 8;  // kernel widths the one-kernel path holds in reg
 
 // grid (n_seqs, ceil(C / blockDim)): thread (s, c) convolves the sequence's tokens in order with
 // the window [state; tokens] in registers, then stores the last K - 1 rows as the new state.
-__global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* state, bf16* out, const int32_t* cu_seqlens,
-                                    const int32_t* n_past, const int32_t* slots, int C, int K) {
+__global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* state, bf16* out,
+                                    const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int C,
+                                    int K) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int s = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0, R = K - 1;
@@ -93,15 +102,14 @@ void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* ou
   const int threads = 128;
   const int cblocks = (C + threads - 1) / threads;
   if (max_chunk <= kConvShortChunk && K <= kMaxShortK) {
-    conv1d_short_kernel<<<dim3(n_seqs, cblocks), threads, 0, s>>>(mixed, w, state, out, cu_seqlens, n_past, slots, C, K);
-    cuda_check_launch("conv1d_short", s);
+    launch_kernel("conv1d_short", conv1d_short_kernel, dim3(n_seqs, cblocks), threads, 0, s, mixed, w, state, out,
+                  cu_seqlens, n_past, slots, C, K);
     return;
   }
-  conv1d_silu_kernel<<<dim3(T, cblocks), threads, 0, s>>>(mixed, w, state, out, seq_of_token, cu_seqlens, n_past,
-                                                           slots, C, K);
-  cuda_check_launch("conv1d_silu", s);
-  conv1d_state_kernel<<<dim3(n_seqs, cblocks), threads, 0, s>>>(mixed, state, cu_seqlens, n_past, slots, C, K);
-  cuda_check_launch("conv1d_state", s);
+  launch_kernel("conv1d_silu", conv1d_silu_kernel, dim3(T, cblocks), threads, 0, s, mixed, w, state, out, seq_of_token,
+                cu_seqlens, n_past, slots, C, K);
+  launch_kernel("conv1d_state", conv1d_state_kernel, dim3(n_seqs, cblocks), threads, 0, s, mixed, state, cu_seqlens,
+                n_past, slots, C, K);
 }
 
 }  // namespace ds::cuda

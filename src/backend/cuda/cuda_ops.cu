@@ -274,7 +274,8 @@ void CudaOps::begin_step(const StepPlan& plan) {
   }();
   constexpr int kGraphMaxChunk = 16;
   bool uniform = plan.n_seqs() > 0 && max_chunk_ <= kGraphMaxChunk;
-  for (int s = 0; uniform && s < plan.n_seqs(); ++s) uniform = plan.cu_seqlens[s + 1] - plan.cu_seqlens[s] == max_chunk_;
+  for (int s = 0; uniform && s < plan.n_seqs(); ++s)
+    uniform = plan.cu_seqlens[s + 1] - plan.cu_seqlens[s] == max_chunk_;
   graph_step_ = graphs_enabled && uniform && (plan.n_out() == plan.n_seqs() || plan.n_out() == plan.n_tokens());
   table_width_ = plan.max_blocks;
   std::vector<int32_t> padded;

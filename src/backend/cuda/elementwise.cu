@@ -3,6 +3,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/ptx.cuh"
 #include "ops/random_fill.h"
@@ -15,6 +16,8 @@ constexpr int kThreads = 256;
 inline int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
 
 __global__ void embedding_kernel(const bf16* table, const int32_t* ids, bf16* out, int H) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.x;
   const bf16* row = table + int64_t(ids[t]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(t) * H + i] = row[i];
@@ -39,7 +42,8 @@ enum class NormKind { kPlain, kGated, kAdd };
 template <bool kWarpRow, NormKind kKind>
 __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16* out, int R, int D,
                                     float eps, bool sigmoid_gate) {
-  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t r = kWarpRow ? int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
   const int tid = kWarpRow ? lane : threadIdx.x, nthr = kWarpRow ? 32 : blockDim.x;
@@ -105,16 +109,19 @@ void launch_norm(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16
                  bool sigmoid_gate, cudaStream_t s) {
   const int nv = D / 8;
   if (nv <= 32 * kMaxVec) {
-    rms_norm_vec_kernel<true, kKind><<<(R + 3) / 4, 128, 0, s>>>(x, aux, sum, w, out, R, D, eps, sigmoid_gate);
+    launch_kernel("rms_norm", rms_norm_vec_kernel<true, kKind>, (R + 3) / 4, 128, 0, s, x, aux, sum, w, out, R, D, eps,
+                  sigmoid_gate);
   } else {
     const int threads = std::min(1024, ((nv + 31) / 32) * 32);
-    rms_norm_vec_kernel<false, kKind><<<R, threads, 0, s>>>(x, aux, sum, w, out, R, D, eps, sigmoid_gate);
+    launch_kernel("rms_norm", rms_norm_vec_kernel<false, kKind>, R, threads, 0, s, x, aux, sum, w, out, R, D, eps,
+                  sigmoid_gate);
   }
 }
 
 // Scalar fallbacks for D not a multiple of 8 (tiny test shapes).
 __global__ void rms_norm_kernel(const bf16* x, const float* w, bf16* out, int D, float eps) {
-  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t r = blockIdx.x;
   const bf16* xr = x + r * D;
   float ss = 0.f;
@@ -128,7 +135,8 @@ __global__ void rms_norm_kernel(const bf16* x, const float* w, bf16* out, int D,
 
 __global__ void gated_rms_norm_kernel(const bf16* x, const bf16* z, const float* w, bf16* out, int D, float eps,
                                       bool sigmoid_gate) {
-  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t r = blockIdx.x;
   float ss = 0.f;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
@@ -144,30 +152,37 @@ __global__ void gated_rms_norm_kernel(const bf16* x, const bf16* z, const float*
 }
 
 __global__ void add_kernel(bf16* x, const bf16* y, int64_t n) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = to_bf16(to_f32(x[i]) + to_f32(y[i]));
 }
 
 __global__ void silu_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
-  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = to_bf16(silu_f(to_f32(gate[i])) * to_f32(up[i]));
 }
 
 __global__ void sigmoid_mul_kernel(bf16* x, const bf16* gate, int64_t n) {
-  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = to_bf16(to_f32(x[i]) * sigmoid_f(to_f32(gate[i])));
 }
 
 __global__ void gather_rows_kernel(const bf16* x, const int32_t* rows, bf16* out, int H) {
-  pdl_trigger();  // a quantized GEMV may follow (launchers.h gemv_pdl)
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int r = blockIdx.x;
   const bf16* src = x + int64_t(rows[r]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(r) * H + i] = src[i];
 }
 
 __global__ void concat_cols_kernel(const bf16* a, const bf16* b, bf16* out, int D1, int D2) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int D = D1 + D2;
   for (int i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = i < D1 ? a[t * D1 + i] : b[t * D2 + i - D1];
@@ -175,6 +190,8 @@ __global__ void concat_cols_kernel(const bf16* a, const bf16* b, bf16* out, int 
 
 // Block per (token, head): copies the head's query and gate halves (16-byte vectors when hd % 8 == 0).
 __global__ void split_query_gate_kernel(const bf16* p, bf16* q, bf16* gate, int n_heads, int hd) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t t = blockIdx.x, h = blockIdx.y;
   const bf16* src = p + (t * n_heads + h) * 2 * hd;
   bf16* qd = q + (t * n_heads + h) * hd;
@@ -194,6 +211,8 @@ __global__ void split_query_gate_kernel(const bf16* p, bf16* q, bf16* gate, int 
 
 // Block per (token, head); thread i rotates the pair (i, i + rotary_dim / 2).
 __global__ void rope_kernel(bf16* x, const int32_t* positions, int n, int hd, int rotary_dim, float theta) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int half = rotary_dim / 2;
   const float pos = static_cast<float>(positions[t]);
@@ -218,6 +237,8 @@ constexpr int kPrepMaxHd = 256;
 __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
     const bf16* p, bf16* k, const float* q_norm, const float* k_norm, bf16* q, bf16* gate, const int32_t* positions,
     int nH, int nKV, int hd, int rotary_dim, float theta, float eps) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   __shared__ float row[kPrepWarps][kPrepMaxHd];
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = rotary_dim / 2;
@@ -255,6 +276,8 @@ __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
 
 __global__ void gdn_gates_kernel(const bf16* a, const bf16* b, const float* a_log, const float* dt_bias, float* g,
                                  float* beta, int64_t n, int Hv) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i % Hv);
     gdn_gate(to_f32(a[i]), to_f32(b[i]), a_log[h], dt_bias[h], g[i], beta[i]);
@@ -286,22 +309,19 @@ void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, u
 
 void launch_embedding(const bf16* table, const int32_t* ids, bf16* out, int T, int H, cudaStream_t s) {
   if (T == 0) return;
-  embedding_kernel<<<T, kThreads, 0, s>>>(table, ids, out, H);
-  cuda_check_launch("embedding", s);
+  launch_kernel("embedding", embedding_kernel, T, kThreads, 0, s, table, ids, out, H);
 }
 
 void launch_rms_norm(const bf16* x, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
   if (R == 0) return;
   if (vec_ok(D, x, out)) launch_norm<NormKind::kPlain>(x, nullptr, nullptr, w, out, R, D, eps, false, s);
-  else rms_norm_kernel<<<R, D >= 512 ? 256 : 128, 0, s>>>(x, w, out, D, eps);
-  cuda_check_launch("rms_norm", s);
+  else launch_kernel("rms_norm", rms_norm_kernel, R, D >= 512 ? 256 : 128, 0, s, x, w, out, D, eps);
 }
 
 bool launch_add_rms_norm(bf16* x, const bf16* y, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
   if (R == 0) return true;
   if (!vec_ok(D, x, y, out)) return false;
   launch_norm<NormKind::kAdd>(x, y, x, w, out, R, D, eps, false, s);
-  cuda_check_launch("add_rms_norm", s);
   return true;
 }
 
@@ -310,72 +330,65 @@ void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* o
   if (R == 0) return;
   if (vec_ok(D, x, z, out))
     launch_norm<NormKind::kGated>(x, z, nullptr, w, out, R, D, eps, sigmoid_gate, s);
-  else gated_rms_norm_kernel<<<R, D >= 256 ? 128 : 64, 0, s>>>(x, z, w, out, D, eps, sigmoid_gate);
-  cuda_check_launch("gated_rms_norm", s);
+  else launch_kernel("gated_rms_norm", gated_rms_norm_kernel, R, D >= 256 ? 128 : 64, 0, s, x, z, w, out, D, eps,
+                     sigmoid_gate);
 }
 
 void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
-  cuda_check_launch("add", s);
+  launch_kernel("add", add_kernel, blocks_for(n), kThreads, 0, s, x, y, n);
 }
 
 void launch_silu_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, out, n);
-  cuda_check_launch("silu_mul", s);
+  launch_kernel("silu_mul", silu_mul_kernel, blocks_for(n), kThreads, 0, s, gate, up, out, n);
 }
 
 void launch_sigmoid_mul(bf16* x, const bf16* gate, int64_t n, cudaStream_t s) {
   if (n == 0) return;
-  sigmoid_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, gate, n);
-  cuda_check_launch("sigmoid_mul", s);
+  launch_kernel("sigmoid_mul", sigmoid_mul_kernel, blocks_for(n), kThreads, 0, s, x, gate, n);
 }
 
 void launch_gather_rows(const bf16* x, const int32_t* rows, bf16* out, int n_rows, int H, cudaStream_t s) {
   if (n_rows == 0) return;
-  gather_rows_kernel<<<n_rows, kThreads, 0, s>>>(x, rows, out, H);
-  cuda_check_launch("gather_rows", s);
+  launch_kernel("gather_rows", gather_rows_kernel, n_rows, kThreads, 0, s, x, rows, out, H);
 }
 
 void launch_concat_cols(const bf16* a, const bf16* b, bf16* out, int T, int D1, int D2, cudaStream_t s) {
   if (T == 0) return;
-  concat_cols_kernel<<<T, kThreads, 0, s>>>(a, b, out, D1, D2);
-  cuda_check_launch("concat_cols", s);
+  launch_kernel("concat_cols", concat_cols_kernel, T, kThreads, 0, s, a, b, out, D1, D2);
 }
 
 void launch_split_query_gate(const bf16* p, bf16* q, bf16* gate, int T, int n_heads, int hd, cudaStream_t s) {
   if (T == 0) return;
-  split_query_gate_kernel<<<dim3(T, n_heads), 32, 0, s>>>(p, q, gate, n_heads, hd);
-  cuda_check_launch("split_query_gate", s);
+  launch_kernel("split_query_gate", split_query_gate_kernel, dim3(T, n_heads), 32, 0, s, p, q, gate, n_heads, hd);
 }
 
 void launch_rope(bf16* x, const int32_t* positions, int T, int n, int hd, int rotary_dim, float theta,
                  cudaStream_t s) {
   if (T == 0) return;
-  rope_kernel<<<dim3(T, n), std::min(128, ((rotary_dim / 2 + 31) / 32) * 32), 0, s>>>(x, positions, n, hd, rotary_dim,
-                                                                                      theta);
-  cuda_check_launch("rope", s);
+  launch_kernel("rope", rope_kernel, dim3(T, n), std::min(128, ((rotary_dim / 2 + 31) / 32) * 32), 0, s, x, positions,
+                n, hd, rotary_dim, theta);
 }
 
-bool attention_prep_supported(int hd, int rotary_dim) { return hd <= kPrepMaxHd && rotary_dim <= hd && rotary_dim % 2 == 0; }
+bool attention_prep_supported(int hd, int rotary_dim) {
+  return hd <= kPrepMaxHd && rotary_dim <= hd && rotary_dim % 2 == 0;
+}
 
 void launch_attention_prep(const bf16* p, bf16* k, const float* q_norm, const float* k_norm, bf16* q, bf16* gate,
                            const int32_t* positions, int T, int nH, int nKV, int hd, int rotary_dim, float theta,
                            float eps, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(attention_prep_supported(hd, rotary_dim), "attention prep: hd %d, rotary dim %d", hd, rotary_dim);
-  attention_prep_kernel<<<T, kPrepWarps * 32, 0, s>>>(p, k, q_norm, k_norm, q, gate, positions, nH, nKV, hd, rotary_dim,
-                                                     theta, eps);
-  cuda_check_launch("attention_prep", s);
+  launch_kernel("attention_prep", attention_prep_kernel, T, kPrepWarps * 32, 0, s, p, k, q_norm, k_norm, q, gate,
+                positions, nH, nKV, hd, rotary_dim, theta, eps);
 }
 
 void launch_gdn_gates(const bf16* a, const bf16* b, const float* a_log, const float* dt_bias, float* g, float* beta,
                       int T, int Hv, cudaStream_t s) {
   const int64_t n = int64_t(T) * Hv;
   if (n == 0) return;
-  gdn_gates_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, b, a_log, dt_bias, g, beta, n, Hv);
-  cuda_check_launch("gdn_gates", s);
+  launch_kernel("gdn_gates", gdn_gates_kernel, blocks_for(n), kThreads, 0, s, a, b, a_log, dt_bias, g, beta, n, Hv);
 }
 
 }  // namespace ds::cuda

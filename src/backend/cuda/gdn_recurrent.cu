@@ -7,7 +7,9 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace ds::cuda {
 
@@ -16,6 +18,8 @@ namespace {
 __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
                                      bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
                                      const int32_t* slots, int Hk, int Hv, int dk, int dv, int cols_per_block) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   extern __shared__ float smem[];
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int col0 = blockIdx.z * cols_per_block, cols = min(cols_per_block, dv - col0);
@@ -83,6 +87,8 @@ constexpr int kDecodeMaxK = kDecodeWarps * kDecodeMaxRows;
 __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     const bf16* qkv, GdnGates gates, void* state, int state_dtype, bf16* out, const int32_t* cu_seqlens,
     const int32_t* n_past, const int32_t* slots, int Hk, int Hv, int dk, int dv) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   __shared__ float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk]
   __shared__ float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk]
   __shared__ float vs[kGdnDecodeMaxTokens][32];           // values of the CTA's columns [T, 32]
@@ -188,9 +194,8 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
   if (n_seqs == 0) return;
   if (short_chunks && gdn_decode_supported(dk)) {
     const dim3 grid(n_seqs, Hv, (dv + 31) / 32);
-    gdn_decode_kernel<<<grid, kDecodeWarps * 32, 0, s>>>(qkv, gates, state, state_dtype, out, cu_seqlens, n_past,
-                                                         slots, Hk, Hv, dk, dv);
-    cuda_check_launch("gdn_decode", s);
+    launch_kernel("gdn_decode", gdn_decode_kernel, grid, kDecodeWarps * 32, 0, s, qkv, gates, state, state_dtype, out,
+                  cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
     return;
   }
   DS_ASSERT(gates.g && gates.beta, "the long-chunk GDN kernel takes precomputed gates");
@@ -205,9 +210,8 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
     smem_attr = smem;
   }
   const dim3 grid(n_seqs, Hv, 1);
-  gdn_recurrent_kernel<<<grid, threads, smem, s>>>(qkv, g, beta, state, state_dtype, out, cu_seqlens, n_past, slots,
-                                                   Hk, Hv, dk, dv, cols);
-  cuda_check_launch("gdn_recurrent", s);
+  launch_kernel("gdn_recurrent", gdn_recurrent_kernel, grid, threads, smem, s, qkv, g, beta, state, state_dtype, out,
+                cu_seqlens, n_past, slots, Hk, Hv, dk, dv, cols);
 }
 
 }  // namespace ds::cuda

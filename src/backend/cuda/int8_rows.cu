@@ -6,7 +6,9 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/qgemv_kernel.cuh"
 
 namespace ds::cuda {
@@ -51,6 +53,8 @@ __global__ void int8_dequant_rows_kernel(const int8_t* q, const float* scales, b
 
 // One block per token: out[t, :] = q[ids[t], :] * scale, 4 columns per thread and step.
 __global__ void int8_embedding_kernel(const int8_t* q, const float* scales, const int32_t* ids, bf16* out, int H) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.x;
   const int64_t row = ids[t];
   const uint32_t* src = reinterpret_cast<const uint32_t*>(q + row * H);
@@ -107,7 +111,6 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16*
   else if (T <= 16) launch_nt<2>(w, xp, o, partial, counters, splits, T, N, K, s);
   else if (T <= 32) launch_nt<4>(w, xp, o, partial, counters, splits, T, N, K, s);
   else launch_nt<8>(w, xp, o, partial, counters, splits, T, N, K, s);
-  cuda_check_launch("int8_gemv", s);
 }
 
 void launch_int8_dequant_rows(const int8_t* q, const float* scales, bf16* w, int64_t row0, int rows, int H,
@@ -121,8 +124,7 @@ void launch_int8_dequant_rows(const int8_t* q, const float* scales, bf16* w, int
 void launch_int8_embedding(const int8_t* q, const float* scales, const int32_t* ids, bf16* out, int T, int H,
                            cudaStream_t s) {
   if (T == 0) return;
-  int8_embedding_kernel<<<T, 256, 0, s>>>(q, scales, ids, out, H);
-  cuda_check_launch("int8_embedding", s);
+  launch_kernel("int8_embedding", int8_embedding_kernel, T, 256, 0, s, q, scales, ids, out, H);
 }
 
 }  // namespace ds::cuda

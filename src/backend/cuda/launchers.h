@@ -109,11 +109,11 @@ struct GemvIn {
 enum class GemvLoop { kRegisters, kAsync4, kAsync8 };
 GemvLoop w4a16_gemv_loop();
 void set_w4a16_gemv_loop(GemvLoop loop);
-// Whether the quantized GEMVs are launched with programmatic dependent launch, so they start
-// (and the cp.async loop streams its first weights) while the kernel before them ends; the
-// kernels that feed them call pdl_trigger (ptx.cuh). env DS_PDL = 0 | 1 (default 0).
-bool gemv_pdl();
-void set_gemv_pdl(bool on);
+// Whether the forward's kernels are launched with programmatic dependent launch (launch.cuh), so
+// each is scheduled while the one before it ends (and the W4A16 GEMV's cp.async loop streams its
+// first weights meanwhile). env DS_PDL = 0 | 1 (default 0); tests may switch it.
+bool pdl_enabled();
+void set_pdl_enabled(bool on);
 // Tokens per W4A16 GEMV launch (longer steps up to 128 tokens run it in slices; 0: always
 // dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 32).
 int w4a16_gemv_tokens();

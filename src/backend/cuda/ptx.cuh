@@ -51,7 +51,9 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "memory");
 }
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4(r, smem_u32(p)); }
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) { ldmatrix_x4_trans(r, smem_u32(p)); }
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  ldmatrix_x4_trans(r, smem_u32(p));
+}
 
 // c f32 [16, 8] += a bf16 [16, 16] (row major) . b bf16 [16, 8] (column major). Fragments
 // (g = lane / 4, t = lane % 4): c0, c1 at (row g, cols 2t, 2t + 1); c2, c3 at row g + 8.

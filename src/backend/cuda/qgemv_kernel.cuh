@@ -33,6 +33,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/ptx.cuh"
 
@@ -220,8 +221,9 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
 // The block's results to out: directly without split-K, else through the partials (the last
 // block of the tile sums them). Every thread of the block calls it.
 template <int NT>
-__device__ __forceinline__ void store_results(const float (&acc)[NT][4], const OutParts& out, float* __restrict__ partial,
-                                              int* __restrict__ counters, int T, int N, int rb, int lane) {
+__device__ __forceinline__ void store_results(const float (&acc)[NT][4], const OutParts& out,
+                                              float* __restrict__ partial, int* __restrict__ counters, int T, int N,
+                                              int rb, int lane) {
   // Accumulator i of tile nt: row rb*16 + g (+8 for i >= 2), token nt*8 + 2*q4 + (i & 1).
   const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
   const int splits = gridDim.y, split = blockIdx.y;
@@ -277,8 +279,8 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, X x, OutParts
                                                            int* __restrict__ counters, int T, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rb = blockIdx.x * kWarps + warp;
-  pdl_trigger();
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
+  pdl_trigger();
   int c_begin, c_end;
   split_range(K, c_begin, c_end);
   float acc[NT][4];
@@ -311,7 +313,7 @@ constexpr int async_smem_bytes() {
 // cp.async main loop: chunk i + S - 1 is issued before chunk i is used, into the slot chunk
 // i - 1 used (already consumed: its values fed this thread's mma), so S - 1 chunks per warp
 // are in flight while one is computed. The first S - 1 chunks are issued before pdl_wait(), so
-// with programmatic dependent launch they stream while the previous kernel finishes. Same
+// with programmatic dependent launch (launch.cuh) they stream while the previous kernel finishes. Same
 // arguments as qgemv_kernel, plus async_smem_bytes<Fmt, S>() of dynamic shared memory.
 template <class Fmt, class X, int NT, int S>
 __global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, X x, OutParts out, float* __restrict__ partial,
@@ -330,7 +332,6 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, X x, Ou
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
 
-  pdl_trigger();
   const int n = rb * 16 < N ? c_end - c_begin : 0;
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {  // weights only: they may stream while the previous kernel ends
@@ -338,6 +339,7 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, X x, Ou
     cp_async_commit();  // one group per chunk, empty past the end, so the count below holds
   }
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
+  pdl_trigger();
   for (int i = 0; i < n; ++i) {
     const int ahead = i + S - 1;
     if (ahead < n) w.load_async(rb, c_begin + ahead, lane, N, ring + 32 * (ahead % S));
@@ -390,21 +392,11 @@ inline int choose_splits(int resident, int T, int N, int K, int max_tiles) {
 }
 
 // resident_blocks<Fmt, X, NT, D, kAsync>() must have been called before (it is, by the splits).
-// pdl: launched with programmatic stream serialization (gemv_pdl(), launchers.h).
 template <class Fmt, class X, int NT, int D, bool kAsync>
 void launch(const Fmt& w, const X& x, const OutParts& out, float* partial, int* counters, int splits, int T, int N,
             int K, cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((N + kTileRows - 1) / kTileRows, splits);
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = smem_of<Fmt, D, kAsync>();
-  cfg.stream = s;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = gemv_pdl() ? 1 : 0;
-  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel_of<Fmt, X, NT, D, kAsync>(), w, x, out, partial, counters, T, N, K));
+  launch_kernel("qgemv", kernel_of<Fmt, X, NT, D, kAsync>(), dim3((N + kTileRows - 1) / kTileRows, splits),
+                dim3(kWarps * 32), smem_of<Fmt, D, kAsync>(), s, w, x, out, partial, counters, T, N, K);
 }
 
 // The kernel's view of a launcher's GemvOut (launchers.h): row ends instead of row counts.

@@ -4,7 +4,9 @@
 // of a fused weight (GemvOut).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace ds::cuda {
 
@@ -16,6 +18,8 @@ constexpr int kThreads = 256;
 // vectors (K % 8 == 0), fp32 accumulation.
 __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                               GemvOut out, int T, int K) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   __shared__ float red[kThreads / 32][kSmallGemvMaxTokens];
   const int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   float acc[kSmallGemvMaxTokens];
@@ -65,8 +69,7 @@ void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, 
   int rows = 0;
   for (int p = 0; p < out.n_parts; ++p) rows += out.rows[p];
   DS_ASSERT(out.n_parts >= 1 && rows == N, "small GEMV: parts of %d rows for N %d", rows, N);
-  small_gemv_kernel<<<N, kThreads, 0, s>>>(x, w, out, T, K);
-  cuda_check_launch("small_gemv", s);
+  launch_kernel("small_gemv", small_gemv_kernel, N, kThreads, 0, s, x, w, out, T, K);
 }
 
 }  // namespace ds::cuda

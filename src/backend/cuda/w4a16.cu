@@ -178,8 +178,8 @@ auto with_kernel(int T, F&& f) {
 
 GemvLoop w4a16_gemv_loop() { return g_loop; }
 void set_w4a16_gemv_loop(GemvLoop loop) { g_loop = loop; }
-bool gemv_pdl() { return g_pdl; }
-void set_gemv_pdl(bool on) { g_pdl = on; }
+bool pdl_enabled() { return g_pdl; }
+void set_pdl_enabled(bool on) { g_pdl = on; }
 int w4a16_gemv_step_tokens() {
   static const int n = [] {
     const char* env = std::getenv("DS_W4A16_GEMV_STEP_TOKENS");
@@ -219,7 +219,6 @@ void launch_w4a16_gemv(const GemvIn& in, const uint32_t* tiled, const float* til
     if (in.act == GemvAct::kNone) run(qgemv::XPlain{in.a});
     else run(qgemv::XGated{in.a, in.b, in.act});
   });
-  cuda_check_launch("w4a16_gemv", s);
 }
 
 void launch_w4a16_dequant(const uint32_t* tiled, const float* tiled_scales, bf16* w, int N, int K, int group,

@@ -1,0 +1,34 @@
+// launch_kernel: how the kernels of a forward step are launched. With programmatic dependent
+// launch on (pdl_enabled(), DS_PDL=1) each launch carries the programmatic-serialization
+// attribute, so its blocks are scheduled while the kernel before it finishes and the launch gap
+// disappears. Every kernel launched here therefore begins with pdl_wait() before it touches any
+// memory the previous kernel writes or reads (weights may be prefetched before it), then calls
+// pdl_trigger() so the next one may be scheduled in turn (ptx.cuh). Kernels launched otherwise
+// (cuBLAS, <<<>>>) are ordinary stream dependencies, which keeps the chain correct.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launchers.h"
+
+namespace ds::cuda {
+
+template <class... Params, class... Args>
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  cuda_check_launch(name, s);
+}
+
+}  // namespace ds::cuda
