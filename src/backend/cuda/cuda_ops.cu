@@ -595,12 +595,16 @@ void CudaOps::conv1d_silu(Tensor mixed, Tensor w, int layer, Tensor out) {
                            impl_->slots, plan_.n_tokens(), plan_.n_seqs(), C, K, max_chunk_, impl_->stream);
 }
 
-void CudaOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& sh, int layer, Tensor out) {
+void* CudaOps::gdn_state(const GdnShape& sh, int layer) {
   DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
   DS_ASSERT(sh.n_v_heads == geo_.n_v_heads && sh.k_head_dim == geo_.k_head_dim && sh.v_head_dim == geo_.v_head_dim,
             "GDN geometry");
   const size_t per_layer = size_t(geo_.n_slots) * sh.n_v_heads * sh.k_head_dim * sh.v_head_dim;
-  void* state = static_cast<char*>(impl_->rec_states) + layer * per_layer * state_elem_size(options_.state_dtype);
+  return static_cast<char*>(impl_->rec_states) + layer * per_layer * state_elem_size(options_.state_dtype);
+}
+
+void CudaOps::gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& sh, int layer, Tensor out) {
+  void* state = gdn_state(sh, layer);
   // Prefill-sized steps take the chunked tensor-core kernel (every sequence of the step, short
   // ones included); decode and verify steps keep the token-by-token one.
   constexpr int kChunkedMinTokens = 32;
@@ -627,13 +631,9 @@ void CudaOps::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log,
     Ops::gdn_gates_delta_rule(qkv, a, b, a_log, dt_bias, sh, layer, out);  // a gates launch, then the rule
     return;
   }
-  DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
-  DS_ASSERT(sh.n_v_heads == geo_.n_v_heads && sh.k_head_dim == geo_.k_head_dim && sh.v_head_dim == geo_.v_head_dim,
-            "GDN geometry");
   expect_bf16(a, "gdn a");
   expect_bf16(b, "gdn b");
-  const size_t per_layer = size_t(geo_.n_slots) * sh.n_v_heads * sh.k_head_dim * sh.v_head_dim;
-  void* state = static_cast<char*>(impl_->rec_states) + layer * per_layer * state_elem_size(options_.state_dtype);
+  void* state = gdn_state(sh, layer);
   cuda::GdnGates gates;
   gates.a = B(a);
   gates.b = B(b);

@@ -94,6 +94,8 @@ class CudaOps final : public Ops {
   void gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc);
   void free_weight(Tensor t);  // a weight replaced by its prepared form
   void linear_int8(Tensor x, const LinearWeight& w, Tensor out);
+  // The recurrent state pool of GDN layer `layer` [n_slots, Hv, dk, dv] (checks the shape).
+  void* gdn_state(const GdnShape& shape, int layer);
   // The W4A16 (tiled) linear of in [T, K] into one output or the parts of a fused weight.
   void linear_w4a16(const cuda::GemvIn& in, int T, int K, const LinearWeight& w, const cuda::GemvOut& out);
   struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
