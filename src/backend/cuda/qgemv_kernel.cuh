@@ -188,11 +188,7 @@ struct XGated {
 template <class Fmt, class X, int NT>
 __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fmt::Frag& f, const X& x, int col0,
                                                  int T, int K, int g, float (&acc)[NT][4]) {
-  float p[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[nt][i] = 0.f;
+  float p[NT][4] = {};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // columns [8h, 8h + 8) of the lane's 16: k-steps 2h, 2h + 1
     uint4 xv[NT];
@@ -283,11 +279,7 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, X x, OutParts
   pdl_trigger();
   int c_begin, c_end;
   split_range(K, c_begin, c_end);
-  float acc[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+  float acc[NT][4] = {};
 
   if (rb * 16 < N) {
     for (int c0 = c_begin; c0 < c_end; c0 += U) {
@@ -326,11 +318,7 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, X x, Ou
   Frag* ring = reinterpret_cast<Frag*>(qgemv_ring) + warp * S * 32 + lane;  // slot s: ring[32 s]
   int c_begin, c_end;
   split_range(K, c_begin, c_end);
-  float acc[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) acc[nt][i] = 0.f;
+  float acc[NT][4] = {};
 
   const int n = rb * 16 < N ? c_end - c_begin : 0;
 #pragma unroll
