@@ -168,8 +168,9 @@ void Engine::publish_gauges() {
 
 void Engine::finish(Req* r, FinishReason reason, Status error) {
   sched_.remove(r);
-  publish_gauges();  // before the reader hears of it, so its slot shows as free
-  r->stream->finish(reason, std::move(error));
+  // Gauges, counters and the held count before the reader hears of it: its slot shows as free,
+  // and a client that sends its next request at once is not turned away by this one.
+  publish_gauges();
   {
     std::lock_guard lk(mu_);
     metrics_.requests_finished_total[static_cast<int>(reason)]++;
@@ -177,6 +178,7 @@ void Engine::finish(Req* r, FinishReason reason, Status error) {
     if (r->n_generated() >= 2)
       metrics_.tpot.observe(std::chrono::duration<double>(r->t_last - r->t_first).count() / (r->n_generated() - 1));
   }
+  r->stream->finish(reason, std::move(error));
   reqs_.erase(std::remove_if(reqs_.begin(), reqs_.end(), [r](const auto& p) { return p.get() == r; }), reqs_.end());
 }
 

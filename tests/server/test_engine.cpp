@@ -350,8 +350,8 @@ TEST(Engine, RejectsBadRequests) {
 // got with the first (queued, scheduled or running), the third is turned away, and a place
 // opens again once a request ends.
 TEST(Engine, OverloadCountsHeldRequestsBeyondTheSeats) {
-  Served s(1, 8, 64, 16, /*max_waiting=*/1);
-  auto a = s.engine->submit(greedy({1, 2, 3}, 100));
+  Served s(1, 64, 64, 16, /*max_waiting=*/1);
+  auto a = s.engine->submit(greedy({1, 2, 3}, 1000));  // long enough to outlast the submits below
   auto b = s.engine->submit(greedy({4, 5, 6}, 100));
   ASSERT_TRUE(a.ok()) << a.status().message();
   ASSERT_TRUE(b.ok()) << b.status().message();
