@@ -1,7 +1,7 @@
 // Paged KV append and causal GQA attention over the paged cache: one CTA per (key split, KV
-// head, group of 8 query rows) with an online softmax over K/V tiles in shared memory, so one
-// tile load serves every query head of the KV group and every token of a verify block (GQA
-// packing); splits of a long context run in parallel and are merged by a combine kernel
+// head, group of 8 query rows) with an online softmax over K/V tiles in shared memory (two
+// buffers: cp.async loads the next tile while this one is used), so one tile load serves every
+// query head of the KV group and every token of a verify block (GQA packing); splits of a long context run in parallel and are merged by a combine kernel
 // (split-KV). Correct for any step shape (head_dim <= 256, a multiple of 8); steps with long
 // chunks give those sequences to the tensor-core kernel of attention_prefill.cu.
 #include <algorithm>
@@ -47,6 +47,8 @@ constexpr int kWarps = 4;
 constexpr int kRowsPerCta = kRowsPerWarp * kWarps;  // 8
 constexpr int kTileKeys = 32;                       // keys per shared-memory tile: lane = key
 constexpr int kPad = 8;                             // bf16 padding per smem row (bank spread)
+using KvTile = bf16[kTileKeys][kMaxHeadDim + kPad];  // keys of one K or V tile in shared memory
+constexpr int kAttnSmemBytes = 4 * sizeof(KvTile) + kRowsPerCta * kMaxHeadDim * sizeof(float);  // 74 KiB
 
 // One CTA per (key split, KV head, sequence x row group): the group's query rows (token-major,
 // then the nH/nKV heads sharing the KV head) share every K/V tile loaded into shared memory,
@@ -62,9 +64,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
     float scale, int n_splits, int split_len, int row_groups, int t_begin, int max_chunk) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
-  __shared__ __align__(16) bf16 ks[kTileKeys][kMaxHeadDim + kPad];
-  __shared__ __align__(16) bf16 vs[kTileKeys][kMaxHeadDim + kPad];
-  __shared__ __align__(16) float qs[kRowsPerCta][kMaxHeadDim];
+  // Dynamic shared memory (kAttnSmemBytes): K and V tiles, two of each, then the query rows.
+  extern __shared__ __align__(16) unsigned char attn_smem[];
+  KvTile* ks = reinterpret_cast<KvTile*>(attn_smem);  // [2]
+  KvTile* vs = ks + 2;                                 // [2]
+  auto qs = reinterpret_cast<float (*)[kMaxHeadDim]>(vs + 2);  // [kRowsPerCta][kMaxHeadDim]
   const int split = blockIdx.x, kvh = blockIdx.y;
   const int s = blockIdx.z / row_groups, rg = blockIdx.z % row_groups;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -98,26 +102,31 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
     for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
   }
   const int vec_per_row = hd / 8;  // 16-byte vectors per key row
-  for (int tile = j0; tile < j_end; tile += kTileKeys) {
-    __syncthreads();  // previous tile fully read (and qs written, on the first pass)
+  // Tile [tile, tile + kTileKeys) of K and V into buffer b, zeros past j_end (cp.async).
+  auto load_tile = [&](int tile, int b) {
     for (int i = threadIdx.x; i < kTileKeys * vec_per_row; i += blockDim.x) {
       const int kk = i / vec_per_row, c = i % vec_per_row, j = tile + kk;
-      uint4 kv4 = make_uint4(0, 0, 0, 0), vv4 = make_uint4(0, 0, 0, 0);
-      if (j < j_end) {
-        const int64_t base = (cache_row(block_tables, max_blocks, s, j, block_size) * nKV + kvh) * hd + c * 8;
-        kv4 = __ldg(reinterpret_cast<const uint4*>(k_cache + base));
-        vv4 = __ldg(reinterpret_cast<const uint4*>(v_cache + base));
-      }
-      *reinterpret_cast<uint4*>(&ks[kk][c * 8]) = kv4;
-      *reinterpret_cast<uint4*>(&vs[kk][c * 8]) = vv4;
+      const bool ok = j < j_end;
+      const int64_t base = ok ? (cache_row(block_tables, max_blocks, s, j, block_size) * nKV + kvh) * hd + c * 8 : 0;
+      cp_async16(&ks[b][kk][c * 8], k_cache + base, ok);
+      cp_async16(&vs[b][kk][c * 8], v_cache + base, ok);
     }
-    __syncthreads();
+  };
+  // Two buffers: the next tile loads while this one is used.
+  if (j0 < j_end) load_tile(j0, 0);
+  cp_async_commit();
+  int buf = 0;
+  for (int tile = j0; tile < j_end; tile += kTileKeys, buf ^= 1) {
+    if (tile + kTileKeys < j_end) load_tile(tile + kTileKeys, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();  // this thread's copies of `tile` have landed ...
+    __syncthreads();     // ... and every thread's (and qs is written, on the first pass)
     // Scores: lane = key of the tile.
     float sc[kRowsPerWarp];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) sc[r] = 0.f;
     for (int c = 0; c < vec_per_row; ++c) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(&ks[lane][c * 8]);
+      const uint4 raw = *reinterpret_cast<const uint4*>(&ks[buf][lane][c * 8]);
       const bf16* kv = reinterpret_cast<const bf16*>(&raw);
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -144,13 +153,14 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
       for (int kk = 0; kk < n_keys; ++kk) {
         const float pk = __shfl_sync(0xffffffffu, p, kk);  // every lane shuffles; lanes past hd skip the FMAs
         if (8 * lane < hd) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(&vs[kk][8 * lane]);
+          const uint4 raw = *reinterpret_cast<const uint4*>(&vs[buf][kk][8 * lane]);
           const bf16* vv = reinterpret_cast<const bf16*>(&raw);
 #pragma unroll
           for (int e = 0; e < 8; ++e) acc[r][e] += pk * to_f32(vv[e]);
         }
       }
     }
+    __syncthreads();  // every thread is done with buf before the next pass refills it
   }
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
@@ -237,7 +247,10 @@ int attention_row_groups(int max_chunk, int nH, int nKV) {
 int attention_splits(int n_seqs, int row_groups, int nH, int nKV, int hd, int T, int max_ctx,
                      size_t partial_budget_bytes) {
   constexpr int kMinSplitLen = 64;   // keys per CTA: enough work to amortise a combine
-  constexpr int kTargetCtas = 528;   // ~4 CTAs per SM of an H100/H200
+  // Twice the CTAs resident at once on an H100/H200 (2 per SM at 74 KiB of shared memory): for
+  // graph steps the splits cover the padded table width, of which about half lies past the
+  // context, and those CTAs end at once.
+  constexpr int kTargetCtas = 528;
   const int ctas = n_seqs * row_groups * nKV;
   int n = (max_ctx + kMinSplitLen - 1) / kMinSplitLen;
   n = std::min(n, std::max(1, kTargetCtas / ctas));  // split only to fill the GPU
@@ -259,7 +272,12 @@ void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, b
   int split_len = (max_ctx + n_splits - 1) / n_splits;
   split_len = (split_len + kTileKeys - 1) / kTileKeys * kTileKeys;
   const dim3 grid(n_splits, nKV, n_seqs * row_groups);
-  launch_kernel("attention", attention_kernel, grid, kWarps * 32, 0, s, q, k_cache, v_cache, out, partial, cu_seqlens,
+  static const bool smem_set = [] {  // over the 48 KiB default, once
+    CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kAttnSmemBytes));
+    return true;
+  }();
+  (void)smem_set;
+  launch_kernel("attention", attention_kernel, grid, kWarps * 32, kAttnSmemBytes, s, q, k_cache, v_cache, out, partial, cu_seqlens,
                 n_past, block_tables, max_blocks, nH, nKV, hd, block_size, scale, n_splits, split_len, row_groups,
                 t_begin, max_chunk);
   if (n_splits > 1)
