@@ -1,9 +1,10 @@
 // Paged KV append and causal GQA attention over the paged cache: one CTA per (key split, KV
 // head, group of 8 query rows) with an online softmax over K/V tiles in shared memory (two
 // buffers: cp.async loads the next tile while this one is used), so one tile load serves every
-// query head of the KV group and every token of a verify block (GQA packing); splits of a long context run in parallel and are merged by a combine kernel
-// (split-KV). Correct for any step shape (head_dim <= 256, a multiple of 8); steps with long
-// chunks give those sequences to the tensor-core kernel of attention_prefill.cu.
+// query head of the KV group and every token of a verify block (GQA packing); splits of a long
+// context run in parallel and are merged by a combine kernel (split-KV). Correct for any step
+// shape (head_dim <= 256, a multiple of 8); steps with long chunks give those sequences to the
+// tensor-core kernel of attention_prefill.cu.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
