@@ -65,6 +65,13 @@ __device__ __forceinline__ void frag_b_trans(uint32_t (&b)[4], const bf16* x, in
   ldmatrix_x4(b, x + (n0 + r + (q >> 1) * 8) * ld + k0 + (q & 1) * 8);
 }
 
+// acc[0], acc[1] (the two 16x8 f32 tiles of a 16x16 block) += a bf16 [16, 16] . b, b the x4
+// fragment of a 16x16 B block (frag_b / frag_b_trans: columns 0-7, then 8-15).
+__device__ __forceinline__ void mma_16x16(float (*acc)[4], const uint32_t (&a)[4], const uint32_t (&b)[4]) {
+  mma_bf16(acc[0], a, b[0], b[1]);
+  mma_bf16(acc[1], a, b[2], b[3]);
+}
+
 __device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
 }
@@ -166,10 +173,8 @@ __global__ void __launch_bounds__(kThreads)
       if (np <= warp) {
         uint32_t b[4];
         frag_b_trans(b, sm.k, kLdD, 16 * kk, 16 * np);
-        mma_bf16(G[2 * np], ak, b[0], b[1]);
-        mma_bf16(G[2 * np + 1], ak, b[2], b[3]);
-        mma_bf16(QK[2 * np], aq, b[0], b[1]);
-        mma_bf16(QK[2 * np + 1], aq, b[2], b[3]);
+        mma_16x16(&G[2 * np], ak, b);
+        mma_16x16(&QK[2 * np], aq, b);
       }
   }
   // A into shared memory; P rows straight to global memory (zero beyond the diagonal block).
@@ -332,10 +337,8 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
       for (int np = 0; np < 2; ++np) {
         uint32_t bs[4];
         frag_b(bs, sm.s, kLdV, 16 * kk, 16 * np);
-        mma_bf16(X[2 * np], ak, bs[0], bs[1]);
-        mma_bf16(X[2 * np + 1], ak, bs[2], bs[3]);
-        mma_bf16(O[2 * np], aq, bs[0], bs[1]);
-        mma_bf16(O[2 * np + 1], aq, bs[2], bs[3]);
+        mma_16x16(&X[2 * np], ak, bs);
+        mma_16x16(&O[2 * np], aq, bs);
       }
     }
     // O rows *= e^gamma qn (inter-chunk part); Y = diag(beta) (V - diag(e^gamma kn) X).
@@ -368,8 +371,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
       for (int np = 0; np < 2; ++np) {
         uint32_t by[4];
         frag_b(by, sm.y, kLdV, 16 * kk, 16 * np);
-        mma_bf16(Vn[2 * np], at, by[0], by[1]);
-        mma_bf16(Vn[2 * np + 1], at, by[2], by[3]);
+        mma_16x16(&Vn[2 * np], at, by);
       }
     }
 #pragma unroll
@@ -395,8 +397,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
       for (int np = 0; np < 2; ++np) {
         uint32_t bv[4];
         frag_b(bv, sm.vn, kLdV, 16 * kk, 16 * np);
-        mma_bf16(O[2 * np], ap, bv[0], bv[1]);
-        mma_bf16(O[2 * np + 1], ap, bv[2], bv[3]);
+        mma_16x16(&O[2 * np], ap, bv);
       }
     }
 #pragma unroll
@@ -424,10 +425,7 @@ __global__ void __launch_bounds__(kThreads) gdn_chunk_pass_kernel(PassArgs p) {
         uint32_t ak[4];
         frag_a_trans(ak, kc, kLdD, 32 * warp + 16 * mt, 16 * kk);
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          mma_bf16(S[mt][2 * np], ak, bv[np][0], bv[np][1]);
-          mma_bf16(S[mt][2 * np + 1], ak, bv[np][2], bv[np][3]);
-        }
+        for (int np = 0; np < 2; ++np) mma_16x16(&S[mt][2 * np], ak, bv[np]);
       }
     }
     write_state_operand();  // sm.s was last read in step 1, before two barriers
