@@ -76,7 +76,7 @@ Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
   ops_.gated_rms_norm(core_attn_out.view({T * Hv, dv}), z.view({T * Hv, dv}), w.norm, cfg_.rms_norm_eps,
                       cfg_.output_gate_sigmoid, normed.view({T * Hv, dv}));
   Tensor out = act({T, H});
-  linear(normed, w.out_proj, out);
+  ops_.linear_weight(normed, w.out_proj, out);
   return out;
 }
 
@@ -134,7 +134,7 @@ Tensor Qwen35Model::logits_of(Tensor hn, int64_t n_out) {
   Tensor selected = act({n_out, cfg_.hidden_size});
   ops_.gather_rows(hn, selected);
   Tensor logits = act({n_out, cfg_.vocab_size});
-  linear(selected, w_.lm_head, logits);
+  ops_.linear_weight(selected, w_.lm_head, logits);
   return logits;
 }
 
@@ -174,7 +174,7 @@ Tensor Qwen35Model::forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor
   Tensor fc_in = act({T, 2 * H});  // order: [embedding, hidden]
   ops_.concat_cols(e_normed, h_normed, fc_in);
   Tensor x = act({T, H});
-  linear(fc_in, m.fc, x);
+  ops_.linear_weight(fc_in, m.fc, x);
   Tensor mlp_out = act({T, H});
   decoder_layer(m.layer, x, nullptr, mlp_out);
   Tensor mtp_hidden = act({T, H});

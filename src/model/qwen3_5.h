@@ -125,11 +125,6 @@ class Qwen35Model {
   void decoder_layer(const LayerWeights& L, Tensor x, const Tensor* pending, Tensor mlp_out);
   Tensor logits_of(Tensor hn, int64_t n_out);
   Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }
-  // out act [T, N] = x act [T, K] . w^T, dense or W4A16
-  void linear(Tensor x, const LinearWeight& w, Tensor out) {
-    if (w.quantized()) ops_.linear_quantized(x, w, out);
-    else ops_.linear(x, w.dense, out);
-  }
   // outs[i] act [T, rows[i]] = x act [T, K] . (part i of w)^T; one Ops::linear_parts per group
   void linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs);
 

@@ -18,8 +18,7 @@ void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> 
   DS_ASSERT(!outs.empty() && sum == N, "linear_parts: %zu outs of %lld columns in all, the weight has %lld rows",
             outs.size(), (long long)sum, (long long)N);
   if (outs.size() == 1) {  // the whole weight, in whatever form this backend stores it
-    if (w.quantized()) linear_quantized(x, w, outs[0]);
-    else linear(x, w.dense, outs[0]);
+    linear_weight(x, w, outs[0]);
     return;
   }
   DS_ASSERT(!w.quantized() || w.format == WeightFormat::kW4A16,
@@ -47,8 +46,7 @@ void Ops::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, T
   } else {
     sigmoid_mul(a, b);
   }
-  if (w.quantized()) linear_quantized(x, w, out);
-  else linear(x, w.dense, out);
+  linear_weight(x, w, out);
 }
 
 void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,

@@ -115,6 +115,12 @@ class Ops {
   virtual void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
     DS_FATAL("%s has no quantized linear", name());
   }
+  // out act [T, N] = x act [T, K] . W^T for a LinearWeight in whichever form prepare_weight left
+  // it: linear for a dense one, linear_quantized otherwise.
+  void linear_weight(Tensor x, const LinearWeight& w, Tensor out) {
+    if (w.quantized()) linear_quantized(x, w, out);
+    else linear(x, w.dense, out);
+  }
   // outs[i] act [T, N_i] = x act [T, K] . W[r_i, r_i + N_i)^T, where w [sum N_i, K] holds the rows
   // of several linears that share the input x, in order (fused at load, model/qwen3_5.h
   // FusedLinear). Dense or quantized like linear/linear_quantized. The default runs one linear per
