@@ -29,6 +29,18 @@ using cuda_test::random_bf16;
 
 constexpr double kCopyGbps = 4260;  // H200 device copy bandwidth measured here (DESIGN.md §6)
 
+// The GEMV settings a test switches (launchers.h), put back as they were when it ends.
+struct GemvSettingsRestored {
+  cuda::GemvLoop loop = cuda::w4a16_gemv_loop();
+  bool pdl = cuda::pdl_enabled();
+  int tokens = cuda::w4a16_gemv_tokens();
+  ~GemvSettingsRestored() {
+    cuda::set_w4a16_gemv_loop(loop);
+    cuda::set_pdl_enabled(pdl);
+    cuda::set_w4a16_gemv_tokens(tokens);
+  }
+};
+
 // One sequence of the given token ids (embedding reads only the ids).
 StepPlan plan_of(const std::vector<int32_t>& ids) {
   StepPlan p;
@@ -120,9 +132,7 @@ std::vector<GemvRun> loops_and_tokens() {
 }
 
 TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
-  const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
-  const bool pdl_before = cuda::pdl_enabled();
-  const int tokens_before = cuda::w4a16_gemv_tokens();
+  const GemvSettingsRestored restore;
   struct Shape {
     int N, K, group;
   };
@@ -142,8 +152,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor xg = gpu->upload(x.data(), DType::kF32, {T, sh.K}, DType::kBF16);
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
-      if (c.gpu_w.quantized()) gpu->linear_quantized(xg, c.gpu_w, og);
-      else gpu->linear(xg, c.gpu_w.dense, og);
+      gpu->linear_weight(xg, c.gpu_w, og);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
       const std::vector<float> got = download(og);
       const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
@@ -159,15 +168,12 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       cpu.reset_scratch();
     }
   }
-  cuda::set_w4a16_gemv_loop(loop_before);
-  cuda::set_pdl_enabled(pdl_before);
-  cuda::set_w4a16_gemv_tokens(tokens_before);
 }
 
 // A fused W4A16 weight (Ops::linear_parts): one GEMV writes parts whose widths are not
 // multiples of the 16-row tiles, in both main loops, sliced steps and the cuBLAS path.
 TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
-  const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
+  const GemvSettingsRestored restore;
   for (const std::vector<int>& widths : std::vector<std::vector<int>>{{5, 37, 22}, {100, 3}, {16, 16, 16, 9}}) {
     int N = 0;
     for (int w : widths) N += w;
@@ -198,15 +204,13 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
       }
     }
   }
-  cuda::set_w4a16_gemv_loop(loop_before);
 }
 
 // The GEMV that gates its input while reading it (Ops::gated_linear: down_proj of silu(gate) *
 // up, o_proj of attn * sigmoid(gate)) against the CPU's elementwise op + linear, in both main
 // loops and with 64 tokens per launch; T 200 takes the separate kernels.
 TEST_F(CudaLinearQuantTest, GatedInputMatchesCpu) {
-  const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
-  const int tokens_before = cuda::w4a16_gemv_tokens();
+  const GemvSettingsRestored restore;
   const int N = 200, K = 512;
   W4Case c = make_w4(*gpu, rng, N, K, 128);
   LinearWeight wc;
@@ -233,8 +237,6 @@ TEST_F(CudaLinearQuantTest, GatedInputMatchesCpu) {
         cpu.reset_scratch();
       }
     }
-  cuda::set_w4a16_gemv_loop(loop_before);
-  cuda::set_w4a16_gemv_tokens(tokens_before);
 }
 
 TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
@@ -314,48 +316,45 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
                                      {cuda::GemvLoop::kRegisters, true, "regs+pdl"},
                                      {cuda::GemvLoop::kAsync4, true, "async4+pdl"},
                                      {cuda::GemvLoop::kAsync8, true, "async8+pdl"}};
-  const cuda::GemvLoop loop_before = cuda::w4a16_gemv_loop();
-  const bool pdl_before = cuda::pdl_enabled();
-  const int tokens_before = cuda::w4a16_gemv_tokens();
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
   double step_bytes[2] = {0, 0};
-  for (const Linear& l : linears) {
-    const double bytes = double(l.N) * l.K / 2 + double((l.N + 15) / 16 * 16) * (l.K / 128) * 4;
-    const int copies = std::max(2, static_cast<int>(std::ceil(256e6 / bytes)));
-    std::vector<LinearWeight> ws(copies);
-    for (int i = 0; i < copies; ++i) {
-      ws[i].packed = gpu->alloc(DType::kI32, {l.N, l.K / 8});
-      gpu->fill_random(ws[i].packed, 0.f, 0.f, 100 + i);
-      ws[i].scales = gpu->alloc(DType::kF32, {l.N, l.K / 128});
-      gpu->fill_random(ws[i].scales, 0.f, 0.01f, 200 + i);
-      ws[i].group_size = 128;
-      gpu->prepare_weight(ws[i], WeightRole::kLinear);
-    }
-    for (int f = 0; f < 2; ++f)
-      if (l.layout & (1 << f)) step_bytes[f] += bytes * l.per_step;
-    for (size_t li = 0; li < loops.size(); ++li) {
-      cuda::set_w4a16_gemv_loop(loops[li].loop);
-      cuda::set_pdl_enabled(loops[li].pdl);
-      for (int T : {1, 8, 16, 17, 64, 512}) {
-        if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // longer steps: one shape
-        cuda::set_w4a16_gemv_tokens(T == 64 ? 64 : 32);  // 64: one NT-8 launch instead of two slices
-        Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
-        gpu->fill_random(x, 0.f, 1.f, 300);
-        Tensor out = gpu->alloc(DType::kBF16, {T, l.N});
-        const double us = time_us(reps, [&](int i) { gpu->linear_quantized(x, ws[i % copies], out); });
-        const double gbps = bytes / us * 1e-3;
-        std::printf("[figure] w4a16 %s N=%d K=%d T=%d (%s): %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
-                    loops[li].name, l.N, l.K, T, l.name, us, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
-        for (int f = 0; f < 2; ++f)
-          if ((l.layout & (1 << f)) && (T == 1 || T == 8)) step_us[li][f][T == 8] += us * l.per_step;
+  {
+    const GemvSettingsRestored restore;  // the settings the W4A16 timings switch
+    for (const Linear& l : linears) {
+      const double bytes = double(l.N) * l.K / 2 + double((l.N + 15) / 16 * 16) * (l.K / 128) * 4;
+      const int copies = std::max(2, static_cast<int>(std::ceil(256e6 / bytes)));
+      std::vector<LinearWeight> ws(copies);
+      for (int i = 0; i < copies; ++i) {
+        ws[i].packed = gpu->alloc(DType::kI32, {l.N, l.K / 8});
+        gpu->fill_random(ws[i].packed, 0.f, 0.f, 100 + i);
+        ws[i].scales = gpu->alloc(DType::kF32, {l.N, l.K / 128});
+        gpu->fill_random(ws[i].scales, 0.f, 0.01f, 200 + i);
+        ws[i].group_size = 128;
+        gpu->prepare_weight(ws[i], WeightRole::kLinear);
+      }
+      for (int f = 0; f < 2; ++f)
+        if (l.layout & (1 << f)) step_bytes[f] += bytes * l.per_step;
+      for (size_t li = 0; li < loops.size(); ++li) {
+        cuda::set_w4a16_gemv_loop(loops[li].loop);
+        cuda::set_pdl_enabled(loops[li].pdl);
+        for (int T : {1, 8, 16, 17, 64, 512}) {
+          if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // longer steps: one shape
+          cuda::set_w4a16_gemv_tokens(T == 64 ? 64 : 32);  // 64: one NT-8 launch instead of two slices
+          Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
+          gpu->fill_random(x, 0.f, 1.f, 300);
+          Tensor out = gpu->alloc(DType::kBF16, {T, l.N});
+          const double us = time_us(reps, [&](int i) { gpu->linear_quantized(x, ws[i % copies], out); });
+          const double gbps = bytes / us * 1e-3;
+          std::printf("[figure] w4a16 %s N=%d K=%d T=%d (%s): %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+                      loops[li].name, l.N, l.K, T, l.name, us, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+          for (int f = 0; f < 2; ++f)
+            if ((l.layout & (1 << f)) && (T == 1 || T == 8)) step_us[li][f][T == 8] += us * l.per_step;
+        }
       }
     }
   }
-  cuda::set_w4a16_gemv_loop(loop_before);
-  cuda::set_pdl_enabled(pdl_before);
-  cuda::set_w4a16_gemv_tokens(tokens_before);
   for (size_t li = 0; li < loops.size(); ++li)
     for (int f = 0; f < 2; ++f)
       for (int i = 0; i < 2; ++i) {
