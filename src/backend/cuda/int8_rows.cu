@@ -74,7 +74,7 @@ __global__ void int8_embedding_kernel(const int8_t* q, const float* scales, cons
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535 * 8)); }
 
 template <int NT>
-void launch_nt(const Int8Rows& w, const qgemv::XPlain& x, const qgemv::OutParts& o, float* partial, int* counters,
+void launch_nt(const Int8Rows& w, const qgemv::XPlain& x, const OutParts& o, float* partial, int* counters,
                int splits, int T, int N, int K, cudaStream_t s) {
   qgemv::launch<Int8Rows, qgemv::XPlain, NT, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
 }
@@ -105,7 +105,7 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16*
   DS_ASSERT(T <= kInt8GemvMaxTokens && K % 128 == 0, "int8 GEMV: T %d, K %d", T, K);
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "int8 GEMV: x must be 16-byte aligned");
   const Int8Rows w{q, scales, K, K / 128};
-  const qgemv::OutParts o = qgemv::out_parts(GemvOut::whole(out, N), N);
+  const OutParts o = out_parts(GemvOut::whole(out, N), N);
   const qgemv::XPlain xp{x};
   if (T <= 8) launch_nt<1>(w, xp, o, partial, counters, splits, T, N, K, s);
   else if (T <= 16) launch_nt<2>(w, xp, o, partial, counters, splits, T, N, K, s);

@@ -33,6 +33,7 @@
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv_out.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/ptx.cuh"
@@ -130,29 +131,6 @@ struct Int8Rows {
     a[1] = bytes_to_bf16x2(__byte_perm(w1, 0, 0x4140));  // row g + 8
     a[2] = bytes_to_bf16x2(__byte_perm(w0, 0, 0x4342));  // row g,     columns 4j + 2, 4j + 3
     a[3] = bytes_to_bf16x2(__byte_perm(w1, 0, 0x4342));  // row g + 8
-  }
-};
-
-constexpr int kMaxParts = kGemvMaxParts;
-
-// Where output row n of token t is stored: part p holds rows [end[p - 1], end[p]) (end[-1] = 0)
-// as bf16 [T, end[p] - end[p - 1]]; n_parts 1 is a plain [T, N] output.
-struct OutParts {
-  __nv_bfloat16* ptr[kMaxParts];
-  int end[kMaxParts];
-  int n_parts;
-
-  __device__ __forceinline__ void store(int t, int n, float v) const {
-    __nv_bfloat16* base = ptr[0];
-    int begin = 0, width = end[0];
-#pragma unroll
-    for (int p = 1; p < kMaxParts; ++p)
-      if (p < n_parts && n >= end[p - 1]) {
-        base = ptr[p];
-        begin = end[p - 1];
-        width = end[p] - end[p - 1];
-      }
-    base[int64_t(t) * width + (n - begin)] = to_bf16(v);
   }
 };
 
@@ -385,21 +363,6 @@ void launch(const Fmt& w, const X& x, const OutParts& out, float* partial, int* 
             int K, cudaStream_t s) {
   launch_kernel("qgemv", kernel_of<Fmt, X, NT, D, kAsync>(), dim3((N + kTileRows - 1) / kTileRows, splits),
                 dim3(kWarps * 32), smem_of<Fmt, D, kAsync>(), s, w, x, out, partial, counters, T, N, K);
-}
-
-// The kernel's view of a launcher's GemvOut (launchers.h): row ends instead of row counts.
-inline OutParts out_parts(const GemvOut& o, int N) {
-  DS_ASSERT(o.n_parts >= 1 && o.n_parts <= kMaxParts, "GEMV output parts: %d", o.n_parts);
-  OutParts p{};
-  int end = 0;
-  for (int i = 0; i < o.n_parts; ++i) {
-    p.ptr[i] = o.ptr[i];
-    end += o.rows[i];
-    p.end[i] = end;
-  }
-  p.n_parts = o.n_parts;
-  DS_ASSERT(end == N, "GEMV output parts hold %d rows, the weight %d", end, N);
-  return p;
 }
 
 }  // namespace ds::cuda::qgemv

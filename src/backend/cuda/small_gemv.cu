@@ -4,6 +4,7 @@
 // of a fused weight (GemvOut).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/gemv_out.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/ptx.cuh"
@@ -17,7 +18,7 @@ constexpr int kThreads = 256;
 // Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= kSmallGemvMaxTokens), 16-byte
 // vectors (K % 8 == 0), fp32 accumulation.
 __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                              GemvOut out, int T, int K) {
+                                                              OutParts out, int T, int K) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
   __shared__ float red[kThreads / 32][kSmallGemvMaxTokens];
@@ -51,9 +52,7 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
     float v = 0.f;
 #pragma unroll
     for (int i = 0; i < kThreads / 32; ++i) v += red[i][threadIdx.x];
-    int p = 0, begin = 0;  // the part holding row n
-    while (p + 1 < out.n_parts && n >= begin + out.rows[p]) begin += out.rows[p++];
-    out.ptr[p][int64_t(threadIdx.x) * out.rows[p] + (n - begin)] = to_bf16(v);
+    out.store(threadIdx.x, n, v);
   }
 }
 
@@ -66,10 +65,7 @@ bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
 
 void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s) {
   DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
-  int rows = 0;
-  for (int p = 0; p < out.n_parts; ++p) rows += out.rows[p];
-  DS_ASSERT(out.n_parts >= 1 && rows == N, "small GEMV: parts of %d rows for N %d", rows, N);
-  launch_kernel("small_gemv", small_gemv_kernel, N, kThreads, 0, s, x, w, out, T, K);
+  launch_kernel("small_gemv", small_gemv_kernel, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
 }
 
 }  // namespace ds::cuda

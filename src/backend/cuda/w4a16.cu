@@ -207,7 +207,7 @@ void launch_w4a16_gemv(const GemvIn& in, const uint32_t* tiled, const float* til
   DS_ASSERT(reinterpret_cast<uintptr_t>(in.a) % 16 == 0 && reinterpret_cast<uintptr_t>(in.b) % 16 == 0,
             "W4A16 GEMV: the inputs must be 16-byte aligned");
   DS_ASSERT(in.act == GemvAct::kNone || in.b, "W4A16 GEMV: a gated input needs both inputs");
-  const qgemv::OutParts parts = qgemv::out_parts(out, N);
+  const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);

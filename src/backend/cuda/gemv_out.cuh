@@ -1,0 +1,52 @@
+// OutParts: the kernels' view of a GEMV's GemvOut (launchers.h), the output rows of a weight cut
+// into parts (a fused weight, Ops::linear_parts). Used by the quantized GEMV (qgemv_kernel.cuh)
+// and the small dense GEMV (small_gemv.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common.cuh"
+#include "backend/cuda/launchers.h"
+#include "core/check.h"
+
+namespace ds::cuda {
+
+// Where output row n of token t is stored: part p holds rows [end[p - 1], end[p]) (end[-1] = 0)
+// as bf16 [T, end[p] - end[p - 1]]; n_parts 1 is a plain [T, N] output.
+struct OutParts {
+  __nv_bfloat16* ptr[kGemvMaxParts];
+  int end[kGemvMaxParts];
+  int n_parts;
+
+  __device__ __forceinline__ void store(int t, int n, float v) const {
+    __nv_bfloat16* base = ptr[0];
+    int begin = 0, width = end[0];
+#pragma unroll
+    for (int p = 1; p < kGemvMaxParts; ++p)
+      if (p < n_parts && n >= end[p - 1]) {
+        base = ptr[p];
+        begin = end[p - 1];
+        width = end[p] - end[p - 1];
+      }
+    base[int64_t(t) * width + (n - begin)] = to_bf16(v);
+  }
+};
+
+// GemvOut's row counts as row ends, checked against the weight's N rows.
+inline OutParts out_parts(const GemvOut& o, int N) {
+  DS_ASSERT(o.n_parts >= 1 && o.n_parts <= kGemvMaxParts, "GEMV output parts: %d", o.n_parts);
+  OutParts p{};
+  int end = 0;
+  for (int i = 0; i < o.n_parts; ++i) {
+    p.ptr[i] = o.ptr[i];
+    end += o.rows[i];
+    p.end[i] = end;
+  }
+  p.n_parts = o.n_parts;
+  DS_ASSERT(end == N, "GEMV output parts hold %d rows, the weight %d", end, N);
+  return p;
+}
+
+}  // namespace ds::cuda
