@@ -4,7 +4,7 @@
 
 namespace ds {
 
-void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
+void Ops::check_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
   const int64_t T = x.dim(0);
   const int64_t N = !w.quantized()                          ? w.dense.dim(0)
                     : w.format == WeightFormat::kW4A16Tiled ? w.rows
@@ -17,6 +17,10 @@ void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> 
   }
   DS_ASSERT(!outs.empty() && sum == N, "linear_parts: %zu outs of %lld columns in all, the weight has %lld rows",
             outs.size(), (long long)sum, (long long)N);
+}
+
+void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
+  check_parts(x, w, outs);
   if (outs.size() == 1) {  // the whole weight, in whatever form this backend stores it
     linear_weight(x, w, outs[0]);
     return;

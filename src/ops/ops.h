@@ -194,6 +194,10 @@ class Ops {
   virtual void sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) {
     DS_FATAL("%s has no device sampler", name());
   }
+
+ protected:
+  // Checks linear_parts' outs against x and w: each [T, N_i], the N_i summing to w's rows.
+  static void check_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs);
 };
 
 }  // namespace ds

@@ -415,26 +415,20 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
     Ops::linear_parts(x, w, outs);
     return;
   }
+  check_parts(x, w, outs);
   expect_bf16(x, "linear_parts x");
   cuda::GemvOut o;
-  int64_t sum = 0;
   for (size_t i = 0; i < outs.size(); ++i) {
     expect_bf16(outs[i], "linear_parts out");
-    DS_ASSERT(outs[i].ndim == 2 && outs[i].dim(0) == x.dim(0), "linear_parts: out %s is not [T = %lld, N_i]",
-              outs[i].shape_str().c_str(), (long long)x.dim(0));
     o.ptr[i] = B(outs[i]);
     o.rows[i] = static_cast<int>(outs[i].dim(1));
-    sum += outs[i].dim(1);
   }
   o.n_parts = static_cast<int>(outs.size());
-  const int64_t N = tiled ? w.rows : w.dense.dim(0);
-  DS_ASSERT(sum == N, "linear_parts: outs of %lld columns in all, the weight has %lld rows", (long long)sum,
-            (long long)N);
   if (tiled) {
     linear_w4a16(cuda::GemvIn{B(x)}, T, K, w, o);
   } else {
     expect_bf16(w.dense, "linear_parts weight");
-    cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(N), K, impl_->stream);
+    cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(w.dense.dim(0)), K, impl_->stream);
   }
 }
 
