@@ -30,6 +30,7 @@ case "${1:-}" in
     while kill -0 "$pid" 2>/dev/null; do sleep 5; done
     [ -n "${OUT:-}" ] && cp "$DIR/soak.csv" "$DIR/soak.txt" "$OUT/" 2>/dev/null
     cat "$DIR/soak.txt"
+    echo "-- server.log (last lines)"; tail -5 "$DIR/server.log"
     grep -q "flat memory: PASS" "$DIR/soak.txt"
     ;;
   *) echo "usage: tools/gpu_soak.sh start|collect" >&2; exit 2 ;;

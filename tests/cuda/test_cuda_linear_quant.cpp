@@ -239,6 +239,35 @@ TEST_F(CudaLinearQuantTest, GatedInputMatchesCpu) {
     }
 }
 
+// The dequantise + cuBLAS path in blocks of rows: with a 2 MiB step scratch, a weight of N 1000
+// x K 2048 (4 MB in bf16) is dequantised 128 rows at a time (the least block; a quarter of the
+// free scratch holds fewer), and the blocks cross the parts of a fused weight. (A fused 27B
+// gate_up, 357 MB in bf16, once exhausted the 256 MiB scratch of a serving step.)
+TEST_F(CudaLinearQuantTest, W4A16DequantInRowBlocks) {
+  CudaOpsOptions o;
+  o.scratch_bytes = size_t(2) << 20;
+  CudaOps small(o);
+  const std::vector<int> widths = {300, 77, 623};
+  const int N = 1000, K = 2048, T = 200;  // T > the GEMV's step limit: the cuBLAS path
+  W4Case c = make_w4(small, rng, N, K, 128);
+  Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+  std::vector<float> x = random_bf16(size_t(T) * K, rng);
+  Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+  Tensor xg = small.upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+  Tensor oc = cpu.scratch(DType::kF32, {T, N});
+  cpu.linear(xc, w_cpu, oc);
+  std::vector<Tensor> parts;
+  for (int w : widths) parts.push_back(small.scratch(DType::kBF16, {T, w}));
+  small.linear_parts(xg, c.gpu_w, parts);
+  for (size_t p = 0, r0 = 0; p < parts.size(); r0 += widths[p], ++p) {
+    std::vector<float> ref, got(parts[p].numel());
+    for (int t = 0; t < T; ++t)
+      ref.insert(ref.end(), oc.f32() + size_t(t) * N + r0, oc.f32() + size_t(t) * N + r0 + widths[p]);
+    small.download_f32(parts[p], got.data());
+    EXPECT_LE(rel_rms(got, ref), 5e-3) << "part " << p;
+  }
+}
+
 TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
   for (auto [V, H] : std::vector<std::pair<int, int>>{{1000, 256}, {3001, 5120}}) {
     const std::vector<float> table = random_bf16(size_t(V) * H, rng, 0.05f);

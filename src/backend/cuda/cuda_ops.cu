@@ -458,12 +458,29 @@ void CudaOps::linear_w4a16(const cuda::GemvIn& in, int T, int K, const LinearWei
     }
   } else {
     DS_ASSERT(in.act == cuda::GemvAct::kNone, "a gated W4A16 input takes the GEMV (T %d)", T);
-    Tensor dense = scratch(DType::kBF16, {N, K});
-    cuda::launch_w4a16_dequant(tiled, F(w.scales), B(dense), N, K, w.group_size, impl_->stream);
-    for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p)
-      gemm(in.a, B(dense) + int64_t(row0) * K, out.ptr[p], T, out.rows[p], K, out.rows[p]);
+    // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each
+    // block's rows go to the parts they belong to.
+    const int rows = dequant_block_rows(N, K);
+    Tensor dense = scratch(DType::kBF16, {rows, K});
+    const int64_t words_per_tile = int64_t(K / 64) * 128, scales_per_tile = int64_t(K / w.group_size) * 16;
+    for (int r0 = 0; r0 < N; r0 += rows) {
+      const int n = std::min(rows, N - r0);
+      cuda::launch_w4a16_dequant(tiled + r0 / 16 * words_per_tile, F(w.scales) + r0 / 16 * scales_per_tile, B(dense),
+                                 n, K, w.group_size, impl_->stream);
+      for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p) {
+        const int lo = std::max(r0, row0), hi = std::min(r0 + n, row0 + out.rows[p]);  // the part's rows here
+        if (lo < hi)
+          gemm(in.a, B(dense) + int64_t(lo - r0) * K, out.ptr[p] + (lo - row0), T, hi - lo, K, out.rows[p]);
+      }
+    }
   }
   scratch_release(mark);
+}
+
+int CudaOps::dequant_block_rows(int N, int K) const {
+  const size_t free_bytes = options_.scratch_bytes - scratch_used_;
+  const int64_t fit = static_cast<int64_t>(free_bytes / 4 / (size_t(K) * 2)) / 128 * 128;
+  return static_cast<int>(std::min<int64_t>(N, std::max<int64_t>(128, fit)));
 }
 
 void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
@@ -497,9 +514,8 @@ void CudaOps::linear_int8(Tensor x, const LinearWeight& w, Tensor out) {
     cuda::launch_int8_gemv(B(x), q, F(w.scales), B(out), partial, impl_->gemv_counters, splits, T, N, K,
                            impl_->stream);
   } else {
-    // Blocks of rows dequantised to bf16 (a quarter of the free scratch) for cuBLAS.
-    const int64_t budget = static_cast<int64_t>((options_.scratch_bytes - scratch_used_) / 4 / (size_t(K) * 2));
-    const int block = static_cast<int>(std::min<int64_t>(N, std::max<int64_t>(128, budget / 128 * 128)));
+    // Blocks of rows dequantised to bf16 (within a quarter of the free scratch) for cuBLAS.
+    const int block = dequant_block_rows(N, K);
     Tensor dense = scratch(DType::kBF16, {block, K});
     for (int r0 = 0; r0 < N; r0 += block) {
       const int n = std::min(block, N - r0);

@@ -94,6 +94,9 @@ class CudaOps final : public Ops {
   void gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc);
   void free_weight(Tensor t);  // a weight replaced by its prepared form
   void linear_int8(Tensor x, const LinearWeight& w, Tensor out);
+  // Rows of an N x K weight dequantised to bf16 at once for cuBLAS: all N, or a multiple of 128
+  // (so of the W4A16 16-row tiles) within a quarter of the free step scratch, at least 128.
+  int dequant_block_rows(int N, int K) const;
   // The recurrent state pool of GDN layer `layer` [n_slots, Hv, dk, dv] (checks the shape).
   void* gdn_state(const GdnShape& shape, int layer);
   // The W4A16 (tiled) linear of in [T, K] into one output or the parts of a fused weight.
