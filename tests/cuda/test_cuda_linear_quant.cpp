@@ -1,4 +1,5 @@
-// Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 128, each main loop) and
+// Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 128, with and without
+// programmatic dependent launch) and
 // the dequantise + cuBLAS path on weights repacked by prepare_weight (signed scales, N not a multiple of 16,
 // groups 64/128/256, and group 32, which is stored dequantised); the int8 group-128 lm_head
 // (GEMV for T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against
@@ -31,11 +32,9 @@ constexpr double kCopyGbps = 4260;  // H200 device copy bandwidth measured here 
 
 // The GEMV settings a test switches (launchers.h), put back as they were when it ends.
 struct GemvSettingsRestored {
-  cuda::GemvLoop loop = cuda::w4a16_gemv_loop();
   bool pdl = cuda::pdl_enabled();
   int tokens = cuda::w4a16_gemv_tokens();
   ~GemvSettingsRestored() {
-    cuda::set_w4a16_gemv_loop(loop);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
   }
@@ -108,26 +107,19 @@ W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group) {
   return c;
 }
 
-// Every GEMV main loop at every token count the GEMV takes (one launch, NT 1/2/4 and 32-token
-// slices), then the dequantise + cuBLAS path once (T 200).
-// (The register loop also runs with programmatic dependent launch.)
-// With 64 tokens per launch (NT 8), T 33, 64 and 100 as well.
+// Every token count the GEMV takes (one launch, NT 1/2/4, 32-token slices, and 8-token slices),
+// with and without programmatic dependent launch, then the dequantise + cuBLAS path once (T 200).
 struct GemvRun {
-  cuda::GemvLoop loop;
   bool pdl;
   int per_launch;
   int T;
 };
-std::vector<GemvRun> loops_and_tokens() {
+std::vector<GemvRun> launches_and_tokens() {
   std::vector<GemvRun> v;
-  for (auto [loop, pdl] : std::vector<std::pair<cuda::GemvLoop, bool>>{{cuda::GemvLoop::kRegisters, false},
-                                                                       {cuda::GemvLoop::kRegisters, true},
-                                                                       {cuda::GemvLoop::kAsync4, true},
-                                                                       {cuda::GemvLoop::kAsync8, false}}) {
-    for (int T : {1, 2, 7, 8, 9, 16, 17, 100}) v.push_back({loop, pdl, 32, T});
-    for (int T : {33, 64, 100}) v.push_back({loop, pdl, 64, T});
-  }
-  v.push_back({cuda::GemvLoop::kRegisters, false, 32, 200});
+  for (bool pdl : {false, true})
+    for (int T : {1, 2, 7, 8, 9, 16, 17, 32, 33, 100}) v.push_back({pdl, 32, T});
+  for (int T : {9, 20}) v.push_back({true, 8, T});
+  v.push_back({true, 32, 200});
   return v;
 }
 
@@ -142,9 +134,8 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
     if (sh.group == 32) EXPECT_FALSE(c.gpu_w.quantized()) << "group 32 is stored dequantised";
     else EXPECT_EQ(c.gpu_w.format, WeightFormat::kW4A16Tiled);
     Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {sh.N, sh.K}, DType::kF32);
-    for (const GemvRun& run : loops_and_tokens()) {
+    for (const GemvRun& run : launches_and_tokens()) {
       const int T = run.T;
-      cuda::set_w4a16_gemv_loop(run.loop);
       cuda::set_pdl_enabled(run.pdl);
       cuda::set_w4a16_gemv_tokens(run.per_launch);
       std::vector<float> x = random_bf16(size_t(T) * sh.K, rng);
@@ -156,9 +147,8 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
       const std::vector<float> got = download(og);
       const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
-                               std::to_string(sh.group) + " T" + std::to_string(T) + " loop " +
-                               std::to_string(static_cast<int>(run.loop)) + (run.pdl ? " pdl" : "") + " per launch " +
-                               std::to_string(run.per_launch);
+                               std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
+                               " per launch " + std::to_string(run.per_launch);
       EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
       if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
         gpu->linear_quantized(xg, c.gpu_w, og);
@@ -171,72 +161,34 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
 }
 
 // A fused W4A16 weight (Ops::linear_parts): one GEMV writes parts whose widths are not
-// multiples of the 16-row tiles, in both main loops, sliced steps and the cuBLAS path.
+// multiples of the 16-row tiles, in one launch, sliced steps and the cuBLAS path.
 TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
-  const GemvSettingsRestored restore;
   for (const std::vector<int>& widths : std::vector<std::vector<int>>{{5, 37, 22}, {100, 3}, {16, 16, 16, 9}}) {
     int N = 0;
     for (int w : widths) N += w;
     const int K = 256;
     W4Case c = make_w4(*gpu, rng, N, K, 128);
     Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
-    for (cuda::GemvLoop loop : {cuda::GemvLoop::kRegisters, cuda::GemvLoop::kAsync4}) {
-      cuda::set_w4a16_gemv_loop(loop);
-      for (int T : {1, 9, 40, 200}) {
-        std::vector<float> x = random_bf16(size_t(T) * K, rng);
-        Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
-        Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
-        Tensor oc = cpu.scratch(DType::kF32, {T, N});
-        cpu.linear(xc, w_cpu, oc);
-        std::vector<Tensor> parts;
-        for (int w : widths) parts.push_back(gpu->scratch(DType::kBF16, {T, w}));
-        gpu->linear_parts(xg, c.gpu_w, parts);
-        for (size_t p = 0, r0 = 0; p < parts.size(); r0 += widths[p], ++p) {
-          std::vector<float> ref;
-          for (int t = 0; t < T; ++t)
-            ref.insert(ref.end(), oc.f32() + size_t(t) * N + r0, oc.f32() + size_t(t) * N + r0 + widths[p]);
-          EXPECT_LE(rel_rms(download(parts[p]), ref), 5e-3)
-              << "part " << p << " of " << widths.size() << ", N " << N << ", T " << T << ", loop "
-              << static_cast<int>(loop);
-        }
-        gpu->reset_scratch();
-        cpu.reset_scratch();
+    for (int T : {1, 9, 40, 200}) {
+      std::vector<float> x = random_bf16(size_t(T) * K, rng);
+      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor oc = cpu.scratch(DType::kF32, {T, N});
+      cpu.linear(xc, w_cpu, oc);
+      std::vector<Tensor> parts;
+      for (int w : widths) parts.push_back(gpu->scratch(DType::kBF16, {T, w}));
+      gpu->linear_parts(xg, c.gpu_w, parts);
+      for (size_t p = 0, r0 = 0; p < parts.size(); r0 += widths[p], ++p) {
+        std::vector<float> ref;
+        for (int t = 0; t < T; ++t)
+          ref.insert(ref.end(), oc.f32() + size_t(t) * N + r0, oc.f32() + size_t(t) * N + r0 + widths[p]);
+        EXPECT_LE(rel_rms(download(parts[p]), ref), 5e-3)
+            << "part " << p << " of " << widths.size() << ", N " << N << ", T " << T;
       }
+      gpu->reset_scratch();
+      cpu.reset_scratch();
     }
   }
-}
-
-// The GEMV that gates its input while reading it (Ops::gated_linear: down_proj of silu(gate) *
-// up, o_proj of attn * sigmoid(gate)) against the CPU's elementwise op + linear, in both main
-// loops and with 64 tokens per launch; T 200 takes the separate kernels.
-TEST_F(CudaLinearQuantTest, GatedInputMatchesCpu) {
-  const GemvSettingsRestored restore;
-  const int N = 200, K = 512;
-  W4Case c = make_w4(*gpu, rng, N, K, 128);
-  LinearWeight wc;
-  wc.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
-  for (GateAct act : {GateAct::kSiluMul, GateAct::kMulSigmoid})
-    for (auto [loop, per_launch] : std::vector<std::pair<cuda::GemvLoop, int>>{
-             {cuda::GemvLoop::kRegisters, 32}, {cuda::GemvLoop::kAsync4, 32}, {cuda::GemvLoop::kRegisters, 64}}) {
-      cuda::set_w4a16_gemv_loop(loop);
-      cuda::set_w4a16_gemv_tokens(per_launch);
-      for (int T : {1, 9, 40, 200}) {
-        const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng);
-        Tensor ac = cpu.upload(a.data(), DType::kF32, {T, K}, DType::kF32);
-        Tensor bc = cpu.upload(b.data(), DType::kF32, {T, K}, DType::kF32);
-        Tensor ag = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);
-        Tensor bg = gpu->upload(b.data(), DType::kF32, {T, K}, DType::kBF16);
-        Tensor oc = cpu.scratch(DType::kF32, {T, N}), og = gpu->scratch(DType::kBF16, {T, N});
-        cpu.gated_linear(ac, bc, act, wc, oc);
-        gpu->gated_linear(ag, bg, act, c.gpu_w, og);
-        std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-        EXPECT_LE(rel_rms(download(og), ref), 5e-3)
-            << "act " << static_cast<int>(act) << " loop " << static_cast<int>(loop) << " per launch " << per_launch
-            << " T " << T;
-        gpu->reset_scratch();
-        cpu.reset_scratch();
-      }
-    }
 }
 
 // The dequantise + cuBLAS path in blocks of rows: with a 2 MiB step scratch, a weight of N 1000
@@ -335,16 +287,10 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
       {"mlp down", 5120, 17408, 64, 3}};
   struct Config {
-    cuda::GemvLoop loop;
     bool pdl;
     const char* name;
   };
-  const std::vector<Config> loops = {{cuda::GemvLoop::kRegisters, false, "regs"},
-                                     {cuda::GemvLoop::kAsync4, false, "async4"},
-                                     {cuda::GemvLoop::kAsync8, false, "async8"},
-                                     {cuda::GemvLoop::kRegisters, true, "regs+pdl"},
-                                     {cuda::GemvLoop::kAsync4, true, "async4+pdl"},
-                                     {cuda::GemvLoop::kAsync8, true, "async8+pdl"}};
+  const std::vector<Config> loops = {{false, "plain"}, {true, "pdl"}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -366,11 +312,9 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       for (int f = 0; f < 2; ++f)
         if (l.layout & (1 << f)) step_bytes[f] += bytes * l.per_step;
       for (size_t li = 0; li < loops.size(); ++li) {
-        cuda::set_w4a16_gemv_loop(loops[li].loop);
         cuda::set_pdl_enabled(loops[li].pdl);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // longer steps: one shape
-          cuda::set_w4a16_gemv_tokens(T == 64 ? 64 : 32);  // 64: one NT-8 launch instead of two slices
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

@@ -399,7 +399,7 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
   DS_ASSERT(w.format == WeightFormat::kW4A16Tiled, "W4A16 weights reach the CUDA linear through prepare_weight");
   DS_ASSERT(out.numel() == x.dim(0) * w.rows, "W4A16 shapes x%s (N %lld) out%s", x.shape_str().c_str(),
             static_cast<long long>(w.rows), out.shape_str().c_str());
-  linear_w4a16(cuda::GemvIn{B(x)}, static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), w,
+  linear_w4a16(B(x), static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), w,
                cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
 }
 
@@ -425,7 +425,7 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   }
   o.n_parts = static_cast<int>(outs.size());
   if (tiled) {
-    linear_w4a16(cuda::GemvIn{B(x)}, T, K, w, o);
+    linear_w4a16(B(x), T, K, w, o);
   } else {
     expect_bf16(w.dense, "linear_parts weight");
     cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(w.dense.dim(0)), K, impl_->stream);
@@ -441,7 +441,8 @@ bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda
 
 }  // namespace
 
-void CudaOps::linear_w4a16(const cuda::GemvIn& in, int T, int K, const LinearWeight& w, const cuda::GemvOut& out) {
+void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out) {
+  const auto* x = static_cast<const bf16*>(x_bf16);
   const int N = static_cast<int>(w.rows);
   DS_ASSERT(w.packed.dim(1) * 8 == K, "W4A16 shapes: K %d, packed%s", K, w.packed.shape_str().c_str());
   if (T == 0) return;
@@ -451,13 +452,12 @@ void CudaOps::linear_w4a16(const cuda::GemvIn& in, int T, int K, const LinearWei
     const int per_launch = cuda::w4a16_gemv_tokens();
     for (int t0 = 0; t0 < T; t0 += per_launch) {
       const int n = std::min(per_launch, T - t0);
-      const int splits = cuda::w4a16_gemv_splits(n, N, K, in.act);
+      const int splits = cuda::w4a16_gemv_splits(n, N, K);
       float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
-      cuda::launch_w4a16_gemv(in.from_token(t0, K), tiled, F(w.scales), out.from_token(t0), partial,
+      cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, F(w.scales), out.from_token(t0), partial,
                               impl_->gemv_counters, splits, n, N, K, w.group_size, impl_->stream);
     }
   } else {
-    DS_ASSERT(in.act == cuda::GemvAct::kNone, "a gated W4A16 input takes the GEMV (T %d)", T);
     // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each
     // block's rows go to the parts they belong to.
     const int rows = dequant_block_rows(N, K);
@@ -469,8 +469,7 @@ void CudaOps::linear_w4a16(const cuda::GemvIn& in, int T, int K, const LinearWei
                                  n, K, w.group_size, impl_->stream);
       for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p) {
         const int lo = std::max(r0, row0), hi = std::min(r0 + n, row0 + out.rows[p]);  // the part's rows here
-        if (lo < hi)
-          gemm(in.a, B(dense) + int64_t(lo - r0) * K, out.ptr[p] + (lo - row0), T, hi - lo, K, out.rows[p]);
+        if (lo < hi) gemm(x, B(dense) + int64_t(lo - r0) * K, out.ptr[p] + (lo - row0), T, hi - lo, K, out.rows[p]);
       }
     }
   }
@@ -481,24 +480,6 @@ int CudaOps::dequant_block_rows(int N, int K) const {
   const size_t free_bytes = options_.scratch_bytes - scratch_used_;
   const int64_t fit = static_cast<int64_t>(free_bytes / 4 / (size_t(K) * 2)) / 128 * 128;
   return static_cast<int>(std::min<int64_t>(N, std::max<int64_t>(128, fit)));
-}
-
-void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
-  const int T = static_cast<int>(a.dim(0)), K = static_cast<int>(a.dim(1));
-  if (!w.quantized() || w.format != WeightFormat::kW4A16Tiled || !w4a16_takes_gemv(T)) {
-    Ops::gated_linear(a, b, act, w, out);  // the elementwise kernel, then the linear
-    return;
-  }
-  expect_bf16(a, "gated_linear a");
-  expect_bf16(b, "gated_linear b");
-  expect_bf16(out, "gated_linear out");
-  DS_ASSERT(b.numel() == a.numel() && out.numel() == int64_t(T) * w.rows, "gated_linear shapes a%s b%s out%s (N %lld)",
-            a.shape_str().c_str(), b.shape_str().c_str(), out.shape_str().c_str(), static_cast<long long>(w.rows));
-  cuda::GemvIn in;
-  in.a = B(a);
-  in.b = B(b);
-  in.act = act == GateAct::kSiluMul ? cuda::GemvAct::kSiluMul : cuda::GemvAct::kMulSigmoid;
-  linear_w4a16(in, T, K, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
 }
 
 void CudaOps::linear_int8(Tensor x, const LinearWeight& w, Tensor out) {

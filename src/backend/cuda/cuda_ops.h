@@ -13,7 +13,6 @@
 namespace ds {
 
 namespace cuda {
-struct GemvIn;  // launchers.h
 struct GemvOut;
 }
 
@@ -65,7 +64,6 @@ class CudaOps final : public Ops {
   bool supports_w4a16() const override { return true; }
   void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) override;
   void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) override;
-  void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) override;
   void add(Tensor x, Tensor y) override;
   void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
@@ -99,8 +97,8 @@ class CudaOps final : public Ops {
   int dequant_block_rows(int N, int K) const;
   // The recurrent state pool of GDN layer `layer` [n_slots, Hv, dk, dv] (checks the shape).
   void* gdn_state(const GdnShape& shape, int layer);
-  // The W4A16 (tiled) linear of in [T, K] into one output or the parts of a fused weight.
-  void linear_w4a16(const cuda::GemvIn& in, int T, int K, const LinearWeight& w, const cuda::GemvOut& out);
+  // The W4A16 (tiled) linear of x bf16 [T, K] into one output or the parts of a fused weight.
+  void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out);
   struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
   std::unique_ptr<Impl> impl_;
   CudaOpsOptions options_;

@@ -74,14 +74,14 @@ __global__ void int8_embedding_kernel(const int8_t* q, const float* scales, cons
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535 * 8)); }
 
 template <int NT>
-void launch_nt(const Int8Rows& w, const qgemv::XPlain& x, const OutParts& o, float* partial, int* counters,
-               int splits, int T, int N, int K, cudaStream_t s) {
-  qgemv::launch<Int8Rows, qgemv::XPlain, NT, kChunksInFlight, false>(w, x, o, partial, counters, splits, T, N, K, s);
+void launch_nt(const Int8Rows& w, const bf16* x, const OutParts& o, float* partial, int* counters, int splits, int T,
+               int N, int K, cudaStream_t s) {
+  qgemv::launch<Int8Rows, NT, kChunksInFlight>(w, x, o, partial, counters, splits, T, N, K, s);
 }
 
 template <int NT>
 int resident() {
-  return qgemv::resident_blocks<Int8Rows, qgemv::XPlain, NT, kChunksInFlight, false>();
+  return qgemv::resident_blocks<Int8Rows, NT, kChunksInFlight>();
 }
 
 }  // namespace
@@ -106,11 +106,10 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16*
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "int8 GEMV: x must be 16-byte aligned");
   const Int8Rows w{q, scales, K, K / 128};
   const OutParts o = out_parts(GemvOut::whole(out, N), N);
-  const qgemv::XPlain xp{x};
-  if (T <= 8) launch_nt<1>(w, xp, o, partial, counters, splits, T, N, K, s);
-  else if (T <= 16) launch_nt<2>(w, xp, o, partial, counters, splits, T, N, K, s);
-  else if (T <= 32) launch_nt<4>(w, xp, o, partial, counters, splits, T, N, K, s);
-  else launch_nt<8>(w, xp, o, partial, counters, splits, T, N, K, s);
+  if (T <= 8) launch_nt<1>(w, x, o, partial, counters, splits, T, N, K, s);
+  else if (T <= 16) launch_nt<2>(w, x, o, partial, counters, splits, T, N, K, s);
+  else if (T <= 32) launch_nt<4>(w, x, o, partial, counters, splits, T, N, K, s);
+  else launch_nt<8>(w, x, o, partial, counters, splits, T, N, K, s);
 }
 
 void launch_int8_dequant_rows(const int8_t* q, const float* scales, bf16* w, int64_t row0, int rows, int H,

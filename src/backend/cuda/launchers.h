@@ -59,7 +59,7 @@ void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, u
 // > 1, partial is scratch f32 [splits, T, N] and counters i32 [kGemvMaxSplitTiles], zero before
 // the first launch and left zero by each (one stream at a time).
 constexpr int kGemvMaxSplitTiles = 4096;
-constexpr int kW4A16GemvMaxTokens = 64;  // the kernel's limit per launch
+constexpr int kW4A16GemvMaxTokens = 32;  // the kernel's limit per launch (NT 4)
 constexpr int kInt8GemvMaxTokens = 64;
 constexpr int kGemvMaxParts = 4;
 
@@ -85,33 +85,9 @@ struct GemvOut {
   }
 };
 
-// A GEMV's input: x bf16 [T, K] (act kNone, b unused), or x = act(a, b) made while reading two
-// inputs a, b bf16 [T, K] (rounded to bf16 as silu_mul and sigmoid_mul store it): kSiluMul
-// silu(a) * b, kMulSigmoid a * sigmoid(b). 16-byte aligned.
-enum class GemvAct { kNone, kSiluMul, kMulSigmoid };
-struct GemvIn {
-  const bf16* a = nullptr;
-  const bf16* b = nullptr;
-  GemvAct act = GemvAct::kNone;
-
-  // The same input from token t0 on (K columns per token).
-  GemvIn from_token(int t0, int K) const {
-    GemvIn i = *this;
-    i.a += int64_t(t0) * K;
-    if (i.b) i.b += int64_t(t0) * K;
-    return i;
-  }
-};
-
-// The W4A16 GEMV's main loop (qgemv_kernel.cuh): chunks held in registers, or streamed through a
-// cp.async ring of 4 or 8 shared-memory slots per lane. env DS_W4A16_GEMV_LOOP = regs | async4 |
-// async8 (default regs); tests and benchmarks may switch it between launches.
-enum class GemvLoop { kRegisters, kAsync4, kAsync8 };
-GemvLoop w4a16_gemv_loop();
-void set_w4a16_gemv_loop(GemvLoop loop);
 // Whether the forward's kernels are launched with programmatic dependent launch (launch.cuh), so
-// each is scheduled while the one before it ends (and the W4A16 GEMV's cp.async loop streams its
-// first weights meanwhile). env DS_PDL = 0 | 1 (default 0); tests may switch it.
+// each is scheduled while the one before it ends. env DS_PDL = 0 | 1 (default 1); tests may
+// switch it.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
 // Tokens per W4A16 GEMV launch (longer steps up to 128 tokens run it in slices; 0: always
@@ -128,9 +104,9 @@ int w4a16_gemv_step_tokens();
 bool w4a16_tiled_supports(int K, int group);  // group a power of two >= 64 dividing K
 void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, float* tiled_scales, int N,
                          int K, int group, cudaStream_t s);
-int w4a16_gemv_splits(int T, int N, int K, GemvAct act);
-// T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits(T, N, K, in.act)
-void launch_w4a16_gemv(const GemvIn& in, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
+int w4a16_gemv_splits(int T, int N, int K);
+// x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
+void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
                        float* partial, int* counters, int splits, int T, int N, int K, int group, cudaStream_t s);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T)
 void launch_w4a16_dequant(const uint32_t* tiled, const float* tiled_scales, bf16* w, int N, int K, int group,

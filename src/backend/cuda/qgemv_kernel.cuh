@@ -6,15 +6,13 @@
 // Work: a warp owns one block of 16 output rows over a range of 64-column chunks; a thread
 // block is 8 warps (128 rows, one "tile"); gridDim.y splits K so small N still fills the GPU.
 // A weight format exposes `load` (one chunk of the warp's 16 rows: raw codes + the two scales
-// of the lane's rows), optionally `load_async` (the same into shared memory with cp.async) and
-// `a_frag` (the mma A operand of one 16-column k-step, as exact integer values in bf16). Each
+// of the lane's rows) and `a_frag` (the mma A operand of one 16-column k-step, as exact integer values in bf16). Each
 // chunk's integer dot products are scaled in fp32 afterwards, so the result is the fp32 math of
 // the dequantised weights, not a bf16 rounding of them.
 //
-// Two main loops, same math and summation order: qgemv_kernel loads U chunks into registers,
-// then uses them; qgemv_async_kernel keeps S - 1 chunks per warp in flight through a ring of S
-// shared-memory slots per warp (each lane copies and later reads only its own bytes, so no
-// barrier is needed), which keeps more bytes in flight than registers allow.
+// The main loop loads U chunks into registers (all in flight), then uses them. (A cp.async ring
+// of 4 or 8 shared-memory slots per lane, and reading the input through its SwiGLU/sigmoid gate,
+// were measured slower on the H200: docs/perf/2026-11-29-s4-cuda-27b.md.)
 //
 // Column order inside a chunk: mma k-step j (0..3) slot s of lane (g = lane / 4, q = lane % 4)
 // is chunk column 16 q + 4 j + (s < 8 ? 0 : 2) + (s & 1); so lane q's B operand (x) for the whole
@@ -92,11 +90,6 @@ struct W4Tiled {
     f.s = __ldg(scales + (int64_t(rb) * n_groups + (c >> group_shift)) * 8 + lane / 4);
     return f;
   }
-  // load() into shared memory: dst is this lane's slot.
-  __device__ __forceinline__ void load_async(int rb, int c, int lane, int /*N*/, Frag* dst) const {
-    cp_async16(&dst->w, q + (int64_t(rb) * n_chunks + c) * 32 + lane);
-    cp_async8(&dst->s, scales + (int64_t(rb) * n_groups + (c >> group_shift)) * 8 + lane / 4);
-  }
   __device__ __forceinline__ void a_frag(const Frag& f, int j, uint32_t (&a)[4]) const {
     const uint32_t word = word_of(f.w, j);
 #pragma unroll
@@ -134,38 +127,16 @@ struct Int8Rows {
   }
 };
 
-// How the GEMV reads its input x bf16 [T, K]: 8 values from element offset i (16-byte aligned).
-// XPlain reads x; XGated makes x = act(a, b) from two inputs as the elementwise kernels store it
-// (rounded to bf16): silu(a) * b (GemvAct::kSiluMul, the MLP) or a * sigmoid(b) (kMulSigmoid, the
-// attention output gate), saving that kernel's launch and its [T, K] round trip.
-struct XPlain {
-  const __nv_bfloat16* x;
-  __device__ __forceinline__ uint4 load8(int64_t i) const { return __ldg(reinterpret_cast<const uint4*>(x + i)); }
-};
-struct XGated {
-  const __nv_bfloat16* a;
-  const __nv_bfloat16* b;
-  GemvAct act;
-  __device__ __forceinline__ uint4 load8(int64_t i) const {
-    const uint4 av = __ldg(reinterpret_cast<const uint4*>(a + i)), bv = __ldg(reinterpret_cast<const uint4*>(b + i));
-    const __nv_bfloat16* ae = reinterpret_cast<const __nv_bfloat16*>(&av);
-    const __nv_bfloat16* be = reinterpret_cast<const __nv_bfloat16*>(&bv);
-    uint4 r;
-    __nv_bfloat16* re = reinterpret_cast<__nv_bfloat16*>(&r);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const float x = to_f32(ae[e]), y = to_f32(be[e]);
-      re[e] = to_bf16(act == GemvAct::kSiluMul ? silu_f(x) * y : x * sigmoid_f(y));
-    }
-    return r;
-  }
-};
+// 8 input values from element offset i (16-byte aligned), through L1 (the block's warps share x).
+__device__ __forceinline__ uint4 load_x8(const __nv_bfloat16* x, int64_t i) {
+  return __ldg(reinterpret_cast<const uint4*>(x + i));
+}
 
 // acc += the chunk's contribution: f holds the warp's 16 rows of the chunk, col0 = 64 c + 16 q4
 // (token t's columns start at element t K + col0 of the input).
-template <class Fmt, class X, int NT>
-__device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fmt::Frag& f, const X& x, int col0,
-                                                 int T, int K, int g, float (&acc)[NT][4]) {
+template <class Fmt, int NT>
+__device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fmt::Frag& f, const __nv_bfloat16* x,
+                                                 int col0, int T, int K, int g, float (&acc)[NT][4]) {
   float p[NT][4] = {};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  // columns [8h, 8h + 8) of the lane's 16: k-steps 2h, 2h + 1
@@ -173,7 +144,7 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
       const int t = nt * 8 + g;
-      xv[nt] = t < T ? x.load8(int64_t(t) * K + col0 + 8 * h) : make_uint4(0, 0, 0, 0);
+      xv[nt] = t < T ? load_x8(x, int64_t(t) * K + col0 + 8 * h) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {
@@ -244,104 +215,48 @@ __device__ __forceinline__ void split_range(int K, int& c_begin, int& c_end) {
   c_end = static_cast<int>(int64_t(blockIdx.y + 1) * n_chunks / gridDim.y);
 }
 
-// Register main loop: U chunks are loaded (all in flight) before any is used. (Loading the next
-// U while using these, a software pipeline in registers, measured 15% slower on the H200: more
-// registers, fewer warps.) partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] (zero
+// Register main loop: U chunks are loaded (all in flight) before any is used; the first U before
+// pdl_wait. (Loading the next U while using these, a software pipeline in registers, measured 15%
+// slower on the H200: more registers, fewer warps.) For one token tile, registers are capped so
+// that 4 blocks (U <= 4) or 3 (U 8) fit on an SM (none spill). partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] (zero
 // between launches) are used only when gridDim.y > 1.
-template <class Fmt, class X, int NT, int U>
-__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(Fmt w, X x, OutParts out, float* __restrict__ partial,
-                                                           int* __restrict__ counters, int T, int N, int K) {
+template <class Fmt, int NT, int U>
+__global__ void __launch_bounds__(kWarps * 32, NT > 1 ? 1 : U > 4 ? 3 : 4)
+    qgemv_kernel(Fmt w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
+                 int* __restrict__ counters, int T, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rb = blockIdx.x * kWarps + warp;
-  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
-  pdl_trigger();
   int c_begin, c_end;
   split_range(K, c_begin, c_end);
+  if (rb * 16 >= N) c_end = c_begin;  // rows past N: no chunks, but the split-K barrier below
   float acc[NT][4] = {};
-
-  if (rb * 16 < N) {
-    for (int c0 = c_begin; c0 < c_end; c0 += U) {
-      typename Fmt::Frag f[U];
+  typename Fmt::Frag f[U];
+  auto load_round = [&](int c0) {
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (c0 + u < c_end) f[u] = w.load(rb, c0 + u, lane, N);
+    for (int u = 0; u < U; ++u)
+      if (c0 + u < c_end) f[u] = w.load(rb, c0 + u, lane, N);
+  };
+  load_round(c_begin);  // weights are never written: the first round streams while the previous kernel ends
+  pdl_wait();           // x comes from the previous kernel; out and partial may still be read by it
+  pdl_trigger();
+  for (int c0 = c_begin; c0 < c_end; c0 += U) {
+    if (c0 != c_begin) load_round(c0);
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (c0 + u < c_end)
-          accumulate_chunk<Fmt, X, NT>(w, f[u], x, (c0 + u) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
-    }
+    for (int u = 0; u < U; ++u)
+      if (c0 + u < c_end)
+        accumulate_chunk<Fmt, NT>(w, f[u], x, (c0 + u) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
   }
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
 }
 
-// Shared memory of qgemv_async_kernel<Fmt, NT, S>: S slots per lane of every warp.
-template <class Fmt, int S>
-constexpr int async_smem_bytes() {
-  return S * kWarps * 32 * static_cast<int>(sizeof(typename Fmt::Frag));
-}
-
-// cp.async main loop: chunk i + S - 1 is issued before chunk i is used, into the slot chunk
-// i - 1 used (already consumed: its values fed this thread's mma), so S - 1 chunks per warp
-// are in flight while one is computed. The first S - 1 chunks are issued before pdl_wait(), so
-// with programmatic dependent launch (launch.cuh) they stream while the previous kernel finishes. Same
-// arguments as qgemv_kernel, plus async_smem_bytes<Fmt, S>() of dynamic shared memory.
-template <class Fmt, class X, int NT, int S>
-__global__ void __launch_bounds__(kWarps * 32) qgemv_async_kernel(Fmt w, X x, OutParts out, float* __restrict__ partial,
-                                                                 int* __restrict__ counters, int T, int N, int K) {
-  static_assert((S & (S - 1)) == 0 && S >= 2, "S: a power of two");
-  extern __shared__ uint4 qgemv_ring[];  // uint4: 16-byte aligned slots
-  using Frag = typename Fmt::Frag;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rb = blockIdx.x * kWarps + warp;
-  Frag* ring = reinterpret_cast<Frag*>(qgemv_ring) + warp * S * 32 + lane;  // slot s: ring[32 s]
-  int c_begin, c_end;
-  split_range(K, c_begin, c_end);
-  float acc[NT][4] = {};
-
-  const int n = rb * 16 < N ? c_end - c_begin : 0;
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) {  // weights only: they may stream while the previous kernel ends
-    if (i < n) w.load_async(rb, c_begin + i, lane, N, ring + 32 * i);
-    cp_async_commit();  // one group per chunk, empty past the end, so the count below holds
-  }
-  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
-  pdl_trigger();
-  for (int i = 0; i < n; ++i) {
-    const int ahead = i + S - 1;
-    if (ahead < n) w.load_async(rb, c_begin + ahead, lane, N, ring + 32 * (ahead % S));
-    cp_async_commit();
-    cp_async_wait<S - 1>();  // chunk i's group is complete
-    const Frag f = ring[32 * (i % S)];
-    accumulate_chunk<Fmt, X, NT>(w, f, x, (c_begin + i) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
-  }
-  store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
-}
-
-// The register kernel (kAsync false, D = U) or the cp.async kernel (kAsync true, D = S).
-template <class Fmt, class X, int NT, int D, bool kAsync>
-constexpr auto kernel_of() {
-  if constexpr (kAsync) return qgemv_async_kernel<Fmt, X, NT, D>;
-  else return qgemv_kernel<Fmt, X, NT, D>;
-}
-
-template <class Fmt, int D, bool kAsync>
-constexpr int smem_of() {
-  if constexpr (kAsync) return async_smem_bytes<Fmt, D>();
-  else return 0;
-}
-
-// Blocks of the kernel resident on the whole GPU at once (asked once per kernel; also lifts the
-// kernel's dynamic shared memory limit, before its first launch).
-template <class Fmt, class X, int NT, int D, bool kAsync>
+// Blocks of the kernel resident on the whole GPU at once (asked once per kernel).
+template <class Fmt, int NT, int U>
 int resident_blocks() {
   static const int n = [] {
-    constexpr auto kernel = kernel_of<Fmt, X, NT, D, kAsync>();
-    constexpr int smem = smem_of<Fmt, D, kAsync>();
-    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     int dev = 0, sms = 0, per_sm = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, smem);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_kernel<Fmt, NT, U>, kWarps * 32, 0);
     return sms * std::max(per_sm, 1);
   }();
   return n;
@@ -357,12 +272,11 @@ inline int choose_splits(int resident, int T, int N, int K, int max_tiles) {
   return std::max(1, std::min({resident / tiles, n_chunks / 4, n_chunks / std::max(T, 1)}));
 }
 
-// resident_blocks<Fmt, X, NT, D, kAsync>() must have been called before (it is, by the splits).
-template <class Fmt, class X, int NT, int D, bool kAsync>
-void launch(const Fmt& w, const X& x, const OutParts& out, float* partial, int* counters, int splits, int T, int N,
-            int K, cudaStream_t s) {
-  launch_kernel("qgemv", kernel_of<Fmt, X, NT, D, kAsync>(), dim3((N + kTileRows - 1) / kTileRows, splits),
-                dim3(kWarps * 32), smem_of<Fmt, D, kAsync>(), s, w, x, out, partial, counters, T, N, K);
+template <class Fmt, int NT, int U>
+void launch(const Fmt& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters, int splits,
+            int T, int N, int K, cudaStream_t s) {
+  launch_kernel("qgemv", qgemv_kernel<Fmt, NT, U>, dim3((N + kTileRows - 1) / kTileRows, splits), dim3(kWarps * 32), 0,
+                s, w, x, out, partial, counters, T, N, K);
 }
 
 }  // namespace ds::cuda::qgemv

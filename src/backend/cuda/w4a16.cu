@@ -8,13 +8,14 @@
 //     q + 8), so `(word >> 4r) & 0x000F000F` is A register r as a pair. One warp reads 512
 //     contiguous bytes per chunk. Rows past N hold q = 0.
 //   tiled scales f32 [NB, K/group, 8, 2]: (row 16rb + g, row 16rb + g + 8), 0 past N.
-// Small T (decode, verify; up to 64 per launch) runs the tensor-core GEMV of qgemv_kernel.cuh,
-// streaming the weights once for all tokens, with either main loop (GemvLoop); large T
-// (prefill) dequantises to a bf16 matrix for cuBLAS.
+// Small T (decode, verify; up to 32 per launch) runs the tensor-core GEMV of qgemv_kernel.cuh,
+// streaming the weights once for all tokens; large T (prefill) dequantises to a bf16 matrix for
+// cuBLAS.
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -26,7 +27,6 @@ namespace ds::cuda {
 namespace {
 
 using qgemv::W4Tiled;
-constexpr int kChunksInFlight = 4;  // 2 KB of weights per warp in flight
 
 int log2_exact(int v) {
   int s = 0;
@@ -126,60 +126,24 @@ void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* 
 
 namespace {
 
-GemvLoop loop_from_env() {
-  const char* env = std::getenv("DS_W4A16_GEMV_LOOP");
-  const std::string v = env ? env : "regs";
-  if (v == "regs") return GemvLoop::kRegisters;
-  if (v == "async4") return GemvLoop::kAsync4;
-  if (v == "async8") return GemvLoop::kAsync8;
-  DS_FATAL("DS_W4A16_GEMV_LOOP must be regs, async4 or async8, not '%s'", v.c_str());
-}
-
-GemvLoop g_loop = loop_from_env();
-bool g_pdl = [] {
-  const char* env = std::getenv("DS_PDL");
-  return env && std::string(env) == "1";
-}();
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
-  return std::clamp(env ? std::atoi(env) : 32, 0, kW4A16GemvMaxTokens);
+  return std::clamp(env ? std::atoi(env) : kW4A16GemvMaxTokens, 0, kW4A16GemvMaxTokens);
 }();
 
-// A kernel instance: NT token tiles of 8, D chunks per warp in flight (U) or ring slots (S).
-template <int NT_, int D_, bool kAsync_>
-struct Kernel {
-  static constexpr int NT = NT_, D = D_;
-  static constexpr bool kAsync = kAsync_;
-};
+template <int NT, int U>
+using Kernel = std::pair<std::integral_constant<int, NT>, std::integral_constant<int, U>>;
 
-// f(Kernel<...>{}) for the kernel that serves T tokens with the current main loop.
+// f(Kernel<NT, U>) for the kernel that serves T <= 8 NT tokens: U = 8 chunks in flight per warp
+// for one token tile (3 blocks an SM), 4 for more tiles, whose accumulators need the registers
+// (measured on the H200: docs/perf/2026-11-29-s4-cuda-27b.md).
 template <class F>
 auto with_kernel(int T, F&& f) {
-  switch (g_loop) {
-    case GemvLoop::kAsync4:
-      return T <= 8    ? f(Kernel<1, 4, true>{})
-             : T <= 16 ? f(Kernel<2, 4, true>{})
-             : T <= 32 ? f(Kernel<4, 4, true>{})
-                       : f(Kernel<8, 4, true>{});
-    case GemvLoop::kAsync8:
-      return T <= 8    ? f(Kernel<1, 8, true>{})
-             : T <= 16 ? f(Kernel<2, 8, true>{})
-             : T <= 32 ? f(Kernel<4, 8, true>{})
-                       : f(Kernel<8, 8, true>{});
-    default:
-      return T <= 8    ? f(Kernel<1, kChunksInFlight, false>{})
-             : T <= 16 ? f(Kernel<2, kChunksInFlight, false>{})
-             : T <= 32 ? f(Kernel<4, kChunksInFlight, false>{})
-                       : f(Kernel<8, kChunksInFlight, false>{});
-  }
+  return T <= 8 ? f(Kernel<1, 8>{}) : T <= 16 ? f(Kernel<2, 4>{}) : f(Kernel<4, 4>{});
 }
 
 }  // namespace
 
-GemvLoop w4a16_gemv_loop() { return g_loop; }
-void set_w4a16_gemv_loop(GemvLoop loop) { g_loop = loop; }
-bool pdl_enabled() { return g_pdl; }
-void set_pdl_enabled(bool on) { g_pdl = on; }
 int w4a16_gemv_step_tokens() {
   static const int n = [] {
     const char* env = std::getenv("DS_W4A16_GEMV_STEP_TOKENS");
@@ -190,34 +154,26 @@ int w4a16_gemv_step_tokens() {
 int w4a16_gemv_tokens() { return g_tokens; }
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
-int w4a16_gemv_splits(int T, int N, int K, GemvAct act) {
-  const int resident = with_kernel(T, [&](auto k) {
-    using Kn = decltype(k);
-    return act == GemvAct::kNone ? qgemv::resident_blocks<W4Tiled, qgemv::XPlain, Kn::NT, Kn::D, Kn::kAsync>()
-                                 : qgemv::resident_blocks<W4Tiled, qgemv::XGated, Kn::NT, Kn::D, Kn::kAsync>();
+int w4a16_gemv_splits(int T, int N, int K) {
+  const int resident = with_kernel(T, [](auto k) {
+    using K_ = decltype(k);
+    return qgemv::resident_blocks<W4Tiled, K_::first_type::value, K_::second_type::value>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
 
-void launch_w4a16_gemv(const GemvIn& in, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
+void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
                        float* partial, int* counters, int splits, int T, int N, int K, int group, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
-  DS_ASSERT(reinterpret_cast<uintptr_t>(in.a) % 16 == 0 && reinterpret_cast<uintptr_t>(in.b) % 16 == 0,
-            "W4A16 GEMV: the inputs must be 16-byte aligned");
-  DS_ASSERT(in.act == GemvAct::kNone || in.b, "W4A16 GEMV: a gated input needs both inputs");
+  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "W4A16 GEMV: x must be 16-byte aligned");
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
   with_kernel(T, [&](auto k) {
-    using Kn = decltype(k);
-    auto run = [&](const auto& x) {
-      using X = std::decay_t<decltype(x)>;
-      qgemv::resident_blocks<W4Tiled, X, Kn::NT, Kn::D, Kn::kAsync>();  // the shared memory limit, once
-      qgemv::launch<W4Tiled, X, Kn::NT, Kn::D, Kn::kAsync>(w, x, parts, partial, counters, splits, T, N, K, s);
-    };
-    if (in.act == GemvAct::kNone) run(qgemv::XPlain{in.a});
-    else run(qgemv::XGated{in.a, in.b, in.act});
+    using K_ = decltype(k);
+    qgemv::launch<W4Tiled, K_::first_type::value, K_::second_type::value>(w, x, parts, partial, counters, splits, T, N,
+                                                                         K, s);
   });
 }
 
