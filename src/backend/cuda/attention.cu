@@ -185,50 +185,73 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
   }
 }
 
-// One warp per (token, query head) of the n_rows tokens from t_begin, for tokens of sequences
-// with min_chunk < new tokens <= max_chunk: merges the splits' partial softmax states. Lanes
-// first reduce the splits' maxima and sums (a split per lane), then each lane merges 8 head
-// dims across the splits with independent loads, so the loop is not a chain of L2 round trips.
-__global__ void attention_combine_kernel(const float* partial, bf16* out, const int32_t* seq_of_token,
-                                         const int32_t* cu_seqlens, int t_begin, int TH, int min_chunk, int max_chunk,
-                                         int nH, int hd, int n_splits) {
+// One CTA of kCombineWarps warps per (token, query head) of the rows from t_begin, for tokens of
+// sequences with min_chunk < new tokens <= max_chunk: merges the splits' partial softmax states.
+// The CTA reduces the splits' maxima and sums; then warp w merges splits w, w + kCombineWarps, ...
+// over all head dims (lane = 8 dims), and the warps' sums are added in warp order, so the result
+// does not depend on scheduling. (A single warp per row took 50 us a layer at 132 splits.)
+constexpr int kCombineWarps = 8;
+
+__global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(
+    const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens, int t_begin, int nH,
+    int hd, int n_splits, int min_chunk, int max_chunk) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
-  const int th = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  const int lane = threadIdx.x & 31;
-  if (th >= TH) return;
+  __shared__ float red[kCombineWarps];
+  __shared__ float sums[kCombineWarps][kMaxHeadDim];
+  const int th = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = t_begin + th / nH, s = seq_of_token[t];
   const int len = cu_seqlens[s + 1] - cu_seqlens[s];
-  if (len <= min_chunk || len > max_chunk) return;
+  if (len <= min_chunk || len > max_chunk) return;  // the whole CTA
   const int stride = hd + 2;  // floats per split: accumulator [hd], max, sum
   const float* src = partial + int64_t(th) * n_splits * stride;
-  float M = -INFINITY;
-  for (int sp = lane; sp < n_splits; sp += 32) M = fmaxf(M, src[sp * stride + hd]);
-  M = warp_max(M);
-  float L = 0.f;
-  for (int sp = lane; sp < n_splits; sp += 32) {
-    const float ms = src[sp * stride + hd];
-    if (ms != -INFINITY) L += src[sp * stride + hd + 1] * expf(ms - M);
-  }
-  L = warp_sum(L);
-  const int d0 = 8 * lane;  // hd is a multiple of 8 and at most 256
-  if (d0 >= hd) return;
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-  for (int sp = 0; sp < n_splits; ++sp) {
-    const float ms = src[sp * stride + hd];
-    const float wgt = ms == -INFINITY ? 0.f : expf(ms - M);  // an empty split's accumulator is zeros
-    const float2* a = reinterpret_cast<const float2*>(src + sp * stride + d0);  // 8-byte aligned: stride even
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 v = a[e];
-      acc[2 * e] += wgt * v.x;
-      acc[2 * e + 1] += wgt * v.y;
+  // The CTA's maximum, then its sum of l * exp(m - M), each through red[] (v: this thread's part).
+  auto cta_reduce = [&](float v, bool is_max) {
+    for (int o = 16; o > 0; o >>= 1) {
+      const float u = __shfl_xor_sync(0xffffffffu, v, o);
+      v = is_max ? fmaxf(v, u) : v + u;
     }
+    __syncthreads();  // red[] may still be read by the previous reduction
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < kCombineWarps; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+    return r;
+  };
+  float m = -INFINITY;
+  for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) m = fmaxf(m, src[sp * stride + hd]);
+  const float M = cta_reduce(m, true);
+  float l = 0.f;
+  for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) {
+    const float ms = src[sp * stride + hd];
+    if (ms != -INFINITY) l += src[sp * stride + hd + 1] * expf(ms - M);
   }
-  bf16* o = out + (int64_t(t) * nH + th % nH) * hd + d0;
+  const float L = cta_reduce(l, false);
+  const int d0 = 8 * lane;  // hd is a multiple of 8 and at most 256
+  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  if (d0 < hd) {
+#pragma unroll 4
+    for (int sp = warp; sp < n_splits; sp += kCombineWarps) {
+      const float ms = src[sp * stride + hd];
+      const float wgt = ms == -INFINITY ? 0.f : expf(ms - M);  // an empty split's accumulator is zeros
+      // float2: the stride is even, so 8-byte aligned
+      const float2* a = reinterpret_cast<const float2*>(src + sp * stride + d0);
 #pragma unroll
-  for (int e = 0; e < 8; ++e) o[e] = to_bf16(acc[e] / L);
+      for (int e = 0; e < 4; ++e) {
+        const float2 v = a[e];
+        acc[2 * e] += wgt * v.x;
+        acc[2 * e + 1] += wgt * v.y;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sums[warp][d0 + e] = acc[e];
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float v = 0.f;
+    for (int w = 0; w < kCombineWarps; ++w) v += sums[w][d];
+    out[(int64_t(t) * nH + th % nH) * hd + d] = to_bf16(v / L);
+  }
 }
 
 }  // namespace
@@ -290,10 +313,10 @@ void launch_attention_combine(const float* partial, bf16* out, const int32_t* se
                               int t_begin, int t_end, int min_chunk, int max_chunk, int nH, int hd, int n_splits,
                               cudaStream_t s) {
   DS_ASSERT(hd % 8 == 0 && hd <= kMaxHeadDim, "attention combine: head_dim %d", hd);
-  const int TH = (t_end - t_begin) * nH, per_block = 4;
+  const int TH = (t_end - t_begin) * nH;
   if (TH <= 0) return;
-  launch_kernel("attention_combine", attention_combine_kernel, (TH + per_block - 1) / per_block, 32 * per_block, 0, s,
-                partial, out, seq_of_token, cu_seqlens, t_begin, TH, min_chunk, max_chunk, nH, hd, n_splits);
+  launch_kernel("attention_combine", attention_combine_kernel, TH, kCombineWarps * 32, 0, s, partial, out,
+                seq_of_token, cu_seqlens, t_begin, nH, hd, n_splits, min_chunk, max_chunk);
 }
 
 }  // namespace ds::cuda

@@ -227,11 +227,11 @@ __global__ void rope_kernel(bf16* x, const int32_t* positions, int n, int hd, in
   }
 }
 
-// Attention input preparation, a warp per head of one token (grid T, kPrepWarps warps): query
+// Attention input preparation, a warp per head of one token (grid (T, heads / kPrepWarps)): query
 // heads come out of the projection's [query | gate] pairs (the gate half is copied), key heads
 // are updated in place; each head is RMS-normalised (rounded to bf16 as rms_norm stores it),
 // then its first rotary_dim dims rotated as rope_kernel does, through a per-warp staging row.
-constexpr int kPrepWarps = 8;
+constexpr int kPrepWarps = 4;
 constexpr int kPrepMaxHd = 256;
 
 __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
@@ -244,34 +244,33 @@ __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = rotary_dim / 2;
   const float pos = static_cast<float>(positions[t]);
   float* r = row[warp];
-  for (int head = warp; head < nH + nKV; head += kPrepWarps) {
-    const bool is_q = head < nH;
-    const bf16* src = is_q ? p + (t * nH + head) * 2 * hd : k + (t * nKV + (head - nH)) * hd;
-    bf16* dst = is_q ? q + (t * nH + head) * hd : k + (t * nKV + (head - nH)) * hd;
-    const float* w = is_q ? q_norm : k_norm;
-    float ss = 0.f;
-    for (int d = lane; d < hd; d += 32) {
-      const float v = to_f32(src[d]);
-      r[d] = v;
-      ss += v * v;
-    }
-    if (is_q)
-      for (int d = lane; d < hd; d += 32) gate[(t * nH + head) * hd + d] = src[hd + d];
-    const float inv = rsqrtf(warp_sum(ss) / hd + eps);
-    __syncwarp();
-    for (int d = lane; d < hd; d += 32) r[d] = to_f32(to_bf16(r[d] * inv * w[d]));
-    __syncwarp();
-    for (int i = lane; i < half; i += 32) {
-      const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
-      float sn, cs;
-      sincosf(pos * inv_freq, &sn, &cs);
-      const float x1 = r[i], x2 = r[i + half];
-      dst[i] = to_bf16(x1 * cs - x2 * sn);
-      dst[i + half] = to_bf16(x2 * cs + x1 * sn);
-    }
-    for (int d = rotary_dim + lane; d < hd; d += 32) dst[d] = to_bf16(r[d]);
-    __syncwarp();  // r is rewritten by the warp's next head
+  const int head = blockIdx.y * kPrepWarps + warp;
+  if (head >= nH + nKV) return;  // whole warps
+  const bool is_q = head < nH;
+  const bf16* src = is_q ? p + (t * nH + head) * 2 * hd : k + (t * nKV + (head - nH)) * hd;
+  bf16* dst = is_q ? q + (t * nH + head) * hd : k + (t * nKV + (head - nH)) * hd;
+  const float* w = is_q ? q_norm : k_norm;
+  float ss = 0.f;
+  for (int d = lane; d < hd; d += 32) {
+    const float v = to_f32(src[d]);
+    r[d] = v;
+    ss += v * v;
   }
+  if (is_q)
+    for (int d = lane; d < hd; d += 32) gate[(t * nH + head) * hd + d] = src[hd + d];
+  const float inv = rsqrtf(warp_sum(ss) / hd + eps);
+  __syncwarp();
+  for (int d = lane; d < hd; d += 32) r[d] = to_f32(to_bf16(r[d] * inv * w[d]));
+  __syncwarp();
+  for (int i = lane; i < half; i += 32) {
+    const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+    float sn, cs;
+    sincosf(pos * inv_freq, &sn, &cs);
+    const float x1 = r[i], x2 = r[i + half];
+    dst[i] = to_bf16(x1 * cs - x2 * sn);
+    dst[i + half] = to_bf16(x2 * cs + x1 * sn);
+  }
+  for (int d = rotary_dim + lane; d < hd; d += 32) dst[d] = to_bf16(r[d]);
 }
 
 __global__ void gdn_gates_kernel(const bf16* a, const bf16* b, const float* a_log, const float* dt_bias, float* g,
@@ -380,7 +379,8 @@ void launch_attention_prep(const bf16* p, bf16* k, const float* q_norm, const fl
                            float eps, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(attention_prep_supported(hd, rotary_dim), "attention prep: hd %d, rotary dim %d", hd, rotary_dim);
-  launch_kernel("attention_prep", attention_prep_kernel, T, kPrepWarps * 32, 0, s, p, k, q_norm, k_norm, q, gate,
+  const dim3 grid(T, (nH + nKV + kPrepWarps - 1) / kPrepWarps);
+  launch_kernel("attention_prep", attention_prep_kernel, grid, kPrepWarps * 32, 0, s, p, k, q_norm, k_norm, q, gate,
                 positions, nH, nKV, hd, rotary_dim, theta, eps);
 }
 
