@@ -77,9 +77,11 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
 // Decode-sized chunks (<= kGdnDecodeMaxTokens tokens per sequence, dk <= 128): one CTA of 4
 // warps per (sequence, v-head, 32 state columns); lane = column, warp w holds rows
 // [w*rpw, (w+1)*rpw) of those columns in registers (rpw = dk/4 rounded up), so the state is read
-// and written once per step with no shared-memory copy. A prologue loads every token's q, k
-// (L2-normalised, a warp per token), v and gates into shared memory at once; the token loop
-// then only sums columns over the 4 warps, through two shared buffers (two barriers a token).
+// and written once per step with no shared-memory copy. The state loads are issued first, before
+// pdl_wait (launch.cuh: only the kernel just before may still run, and no kernel but this one
+// writes the layer's state); a prologue then loads every token's q, k (L2-normalised, a warp per
+// token), v and gates into shared memory at once; the token loop then only sums columns over the
+// 4 warps, through two shared buffers (two barriers a token).
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeMaxRows = 32;  // rows per warp: dk <= 128
 constexpr int kDecodeMaxK = kDecodeWarps * kDecodeMaxRows;
@@ -87,8 +89,6 @@ constexpr int kDecodeMaxK = kDecodeWarps * kDecodeMaxRows;
 __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     const bf16* qkv, GdnGates gates, void* state, int state_dtype, bf16* out, const int32_t* cu_seqlens,
     const int32_t* n_past, const int32_t* slots, int Hk, int Hv, int dk, int dv) {
-  pdl_wait();  // launch.cuh
-  pdl_trigger();
   __shared__ float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk]
   __shared__ float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk]
   __shared__ float vs[kGdnDecodeMaxTokens][32];           // values of the CTA's columns [T, 32]
@@ -105,6 +105,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
   const int C = 2 * Hk * dk + Hv * dv;
   const int64_t state_off = (int64_t(slots[s]) * Hv + h) * dk * dv;
   const bool fresh = n_past[s] == 0;
+
+  // The state first (the step plan and the state are not written by the kernel before this one):
+  // its loads are in flight while the previous kernel ends and the prologue reads q, k, v and gates.
+  float S[kDecodeMaxRows];
+#pragma unroll
+  for (int r = 0; r < kDecodeMaxRows; ++r) {
+    const int i = i0 + r;
+    S[r] = (r < rpw && i < dk && has_col && !fresh) ? load_state(state, state_off + int64_t(i) * dv + col, state_dtype)
+                                                     : 0.f;
+  }
+  pdl_wait();  // qkv and the gates come from the kernels before
+  pdl_trigger();
 
   const float q_scale = rsqrtf(static_cast<float>(dk));
   for (int t = warp; t < T; t += kDecodeWarps) {
@@ -136,13 +148,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
       alpha_s[t] = expf(g);
       beta_s[t] = beta;
     }
-  }
-  float S[kDecodeMaxRows];
-#pragma unroll
-  for (int r = 0; r < kDecodeMaxRows; ++r) {
-    const int i = i0 + r;
-    S[r] = (r < rpw && i < dk && has_col && !fresh) ? load_state(state, state_off + int64_t(i) * dv + col, state_dtype)
-                                                     : 0.f;
   }
   __syncthreads();
 
