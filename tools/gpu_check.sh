@@ -39,7 +39,7 @@ run_tests() {  # BINARY: each test in its own process, its log appended to $LOG/
   : > "$LOG/$bin.log"
   for t in $(.devbuild/"$bin" --gtest_list_tests | awk '/^[^ ]/ { suite = $1 } /^  / { print suite $1 }'); do
     f="$LOG/tests/$bin.$(echo "$t" | tr '/' '_')"
-    timeout 300 .devbuild/"$bin" --gtest_filter="$t" --gtest_output=json:"$f.json" > "$f.log" 2>&1
+    timeout "${DS_TEST_TIMEOUT:-120}" .devbuild/"$bin" --gtest_filter="$t" --gtest_output=json:"$f.json" > "$f.log" 2>&1
     rc=$?
     cat "$f.log" >> "$LOG/$bin.log"
     [ $rc -eq 0 ] && continue
@@ -58,22 +58,31 @@ fi
 # env: DS_SKIP_BENCH=1 skips it (and the A/B); DS_BENCH=w4a16 runs only the W4A16 sweep.
 BENCH=(.devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic)
 if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
-  # Decode A/B, one process per setting name:DS_W4A16_GEMV_LOOP:DS_PDL:DS_FUSE_LINEARS:DS_W4A16_GEMV_MAX_TOKENS,
-  # batch 1, 8 and 64 at 1k. env: DS_AB overrides the list; DS_AB=none skips it.
-  AB="${DS_AB:-regs:regs:0:1:32 async4:async4:0:1:32 async8:async8:0:1:32 async4+pdl:async4:1:1:32 regs+pdl:regs:1:1:32 unfused:regs:0:0:32 tok64:regs:0:1:64}"
+  # Decode A/B, one process per setting NAME[:VAR=VALUE[,VAR=VALUE...]] (the defaults, then each
+  # switch off), batch 1, 8 and 64 at 1k. env: DS_AB overrides the list; DS_AB=none skips it.
+  AB="default nopdl:DS_PDL=0 unfused:DS_FUSE_LINEARS=0 nographs:DS_CUDA_GRAPHS=0"
+  AB="${DS_AB:-$AB}"
   [ "$AB" = none ] && AB=""
   for cfg in $AB; do
-    IFS=: read -r name loop pdl fuse tokens <<< "$cfg"
-    DS_W4A16_GEMV_LOOP=$loop DS_PDL=$pdl DS_FUSE_LINEARS=$fuse DS_W4A16_GEMV_MAX_TOKENS=$tokens "${BENCH[@]}" --w4a16 \
-      --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
+    name=${cfg%%:*}; vars=""
+    [ "$name" != "$cfg" ] && vars=${cfg#*:}
+    # shellcheck disable=SC2086
+    env ${vars//,/ } "${BENCH[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 \
+      > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
+  done
+  # Where a step's time goes: kernel breakdowns of decode steps, NAME:BATCH:CONTEXT (the first
+  # with the full sections of its first GEMVs). env: DS_PROFILES overrides the list.
+  detail=1
+  for p in ${DS_PROFILES:-b1:1:1024 b1_16k:1:16384 b64:64:1024}; do
+    IFS=: read -r tag batch ctx <<< "$p"
+    OUT="$LOG" DS_PROFILE_DETAIL=$detail DS_PROFILE_TAG=$tag DS_PROFILE_ARGS="--w4a16 --batches $batch --contexts $ctx" \
+      tools/gpu_profile.sh > "$LOG/profile_$tag.txt" 2>&1
+    detail=0
   done
 fi
 if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != tests ]; then
   "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384,51200 --json "$LOG/bench_model_w4a16.jsonl" \
     > "$LOG/bench_model_w4a16.txt" 2> "$LOG/bench_model_w4a16.log" || status=1
-  # Batch-1 decode with step graphs off: what the graphs save.
-  DS_CUDA_GRAPHS=0 "${BENCH[@]}" --w4a16 --batches 1 --contexts 1024 --verify 0 --prefill 0 \
-    > "$LOG/bench_model_w4a16_nographs.txt" 2> "$LOG/bench_model_w4a16_nographs.log" || status=1
   if [ "${DS_BENCH:-all}" != w4a16 ]; then
     "${BENCH[@]}" --batches 1,64 --contexts 1024 --verify 1,8 --prefill 4096 --json "$LOG/bench_model.jsonl" \
       > "$LOG/bench_model.txt" 2> "$LOG/bench_model.log" || status=1
@@ -111,13 +120,13 @@ for f in "$LOG"/tests/*.sanitizer.log; do
 done
 echo "== bench model (27B shape, bf16 weights, synthetic) =="
 cat "$LOG/bench_model.txt" 2>/dev/null; tail -3 "$LOG/bench_model.log" 2>/dev/null
-echo "== decode A/B (27B shape, W4A16, 1k context): GEMV loop, PDL, fused linears, tokens per launch =="
+echo "== decode A/B (27B shape, W4A16, 1k context): defaults, then PDL, fused linears, step graphs off =="
 for f in "$LOG"/ab_*.txt; do
   [ -e "$f" ] || continue
   echo "-- $(basename "$f" .txt | sed 's/^ab_//')"; grep -E "^decode" "$f"; tail -1 "${f%.txt}.log"
 done
-echo "== bench model (27B shape, W4A16 linears, synthetic): step graphs off =="
-grep -E "^decode" "$LOG/bench_model_w4a16_nographs.txt" 2>/dev/null; tail -3 "$LOG/bench_model_w4a16_nographs.log" 2>/dev/null
+echo "== kernel time per decode step (Nsight Compute, caches not flushed) =="
+for f in "$LOG"/profile_*.txt; do [ -e "$f" ] && { echo "-- $(basename "$f" .txt)"; cat "$f"; }; done
 echo "== bench model (27B shape, W4A16 linears, synthetic) =="
 cat "$LOG/bench_model_w4a16.txt" 2>/dev/null; tail -3 "$LOG/bench_model_w4a16.log" 2>/dev/null
 cat "$LOG/gpu.txt"

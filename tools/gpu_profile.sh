@@ -14,7 +14,8 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/
 TAG=${DS_PROFILE_TAG:-decode}
 REPS=2  # timed steps; bench model also runs 2 warm-up steps, all four are profiled
 # shellcheck disable=SC2086
-"$NCU" --clock-control none --profile-from-start off --metrics gpu__time_duration.sum --csv --page raw \
+"$NCU" --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
+  --page raw \
   .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --profile --reps $REPS \
   --verify 0 --prefill 0 ${DS_PROFILE_ARGS:---w4a16 --batches 1 --contexts 1024} \
   > "$OUT/ncu_$TAG.csv" 2> "$OUT/ncu_$TAG.log"
@@ -36,3 +37,13 @@ for n, t in sorted(tot.items(), key=lambda kv: -kv[1])[:25]:
     print(f"{t/steps/1e3:10.1f} us/step {cnt[n]/steps:6.0f} launches  {100*t/all_t:5.1f}%  {n}")
 PY
 grep -E "^(kind|decode)" "$OUT/ncu_$TAG.csv" | head -3
+if [ "${DS_PROFILE_DETAIL:-0}" = 1 ]; then
+  # The first 4 GEMVs of a step: GDN in_proj (qkv+z), out_proj, MLP gate_up, down.
+  # shellcheck disable=SC2086
+  "$NCU" --clock-control none --cache-control none --profile-from-start off --set full --kernel-name regex:qgemv \
+    --launch-count 4 --page details .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic \
+    --profile --reps 1 --verify 0 --prefill 0 ${DS_PROFILE_ARGS:---w4a16 --batches 1 --contexts 1024} \
+    > "$OUT/ncu_detail_$TAG.txt" 2>&1
+  grep -E "qgemv_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Eligible Warps|No Eligible|Warp Cycles Per Issued" \
+    "$OUT/ncu_detail_$TAG.txt" | head -80
+fi
