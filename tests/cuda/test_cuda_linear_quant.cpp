@@ -346,15 +346,19 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
   gpu->prepare_weight(head, WeightRole::kLmHead);
   ASSERT_EQ(head.format, WeightFormat::kInt8);
   const double bytes = double(V) * H + double(V) * (H / 128) * 4;
-  for (int T : {1, 8, 64, 65}) {
-    Tensor x = gpu->alloc(DType::kBF16, {T, H});
-    gpu->fill_random(x, 0.f, 1.f, 500);
-    Tensor out = gpu->alloc(DType::kBF16, {T, V});
-    const double us = time_us(reps, [&](int) { gpu->linear_quantized(x, head, out); });
-    const double gbps = bytes / us * 1e-3;
-    std::printf("[figure] int8 lm_head N=%d K=%d T=%d: %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n", V, H, T, us, gbps,
-                100 * gbps / kCopyGbps, kCopyGbps);
-  }
+  const GemvSettingsRestored restore;  // PDL, switched below
+  for (bool pdl : {false, true})
+    for (int T : {1, 8, 64, 65}) {
+      if (pdl && T > 8) continue;
+      cuda::set_pdl_enabled(pdl);
+      Tensor x = gpu->alloc(DType::kBF16, {T, H});
+      gpu->fill_random(x, 0.f, 1.f, 500);
+      Tensor out = gpu->alloc(DType::kBF16, {T, V});
+      const double us = time_us(reps, [&](int) { gpu->linear_quantized(x, head, out); });
+      const double gbps = bytes / us * 1e-3;
+      std::printf("[figure] int8 lm_head%s N=%d K=%d T=%d: %.2f us, %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+                  pdl ? " pdl" : "", V, H, T, us, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+    }
   std::vector<int32_t> ids(64);
   for (int i = 0; i < 64; ++i) ids[i] = (i * 104729) % V;
   gpu->begin_step(plan_of(ids));
