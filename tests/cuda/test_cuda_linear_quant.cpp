@@ -1,9 +1,9 @@
 // Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 128, with and without
-// programmatic dependent launch) and
-// the dequantise + cuBLAS path on weights repacked by prepare_weight (signed scales, N not a multiple of 16,
-// groups 64/128/256, and group 32, which is stored dequantised); the int8 group-128 lm_head
-// (GEMV for T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against
-// CpuOps' int8 twin. Timing figures at the Qwen3.8-27B shapes. Skipped where there is no GPU.
+// programmatic dependent launch) and the dequantise + cuBLAS path (whole and in blocks of rows)
+// on weights repacked by prepare_weight (signed scales, N not a multiple of 16, groups
+// 64/128/256, and group 32, which is stored dequantised); the int8 group-128 lm_head (GEMV for
+// T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against CpuOps' int8
+// twin. Timing figures at the Qwen3.8-27B shapes. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -6,9 +6,9 @@
 // Work: a warp owns one block of 16 output rows over a range of 64-column chunks; a thread
 // block is 8 warps (128 rows, one "tile"); gridDim.y splits K so small N still fills the GPU.
 // A weight format exposes `load` (one chunk of the warp's 16 rows: raw codes + the two scales
-// of the lane's rows) and `a_frag` (the mma A operand of one 16-column k-step, as exact integer values in bf16). Each
-// chunk's integer dot products are scaled in fp32 afterwards, so the result is the fp32 math of
-// the dequantised weights, not a bf16 rounding of them.
+// of the lane's rows) and `a_frag` (the mma A operand of one 16-column k-step, as exact integer
+// values in bf16). Each chunk's integer dot products are scaled in fp32 afterwards, so the
+// result is the fp32 math of the dequantised weights, not a bf16 rounding of them.
 //
 // The main loop loads U chunks into registers (all in flight), then uses them. (A cp.async ring
 // of 4 or 8 shared-memory slots per lane, and reading the input through its SwiGLU/sigmoid gate,
@@ -218,8 +218,8 @@ __device__ __forceinline__ void split_range(int K, int& c_begin, int& c_end) {
 // Register main loop: U chunks are loaded (all in flight) before any is used; the first U before
 // pdl_wait. (Loading the next U while using these, a software pipeline in registers, measured 15%
 // slower on the H200: more registers, fewer warps.) For one token tile, registers are capped so
-// that 4 blocks (U <= 4) or 3 (U 8) fit on an SM (none spill). partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] (zero
-// between launches) are used only when gridDim.y > 1.
+// that 4 blocks (U <= 4) or 3 (U 8) fit on an SM (none spill). partial f32 [gridDim.y, T, N] and
+// counters i32 [gridDim.x] (zero between launches) are used only when gridDim.y > 1.
 template <class Fmt, int NT, int U>
 __global__ void __launch_bounds__(kWarps * 32, NT > 1 ? 1 : U > 4 ? 3 : 4)
     qgemv_kernel(Fmt w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,

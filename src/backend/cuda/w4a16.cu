@@ -13,9 +13,6 @@
 // cuBLAS.
 #include <algorithm>
 #include <cstdlib>
-#include <string>
-#include <type_traits>
-#include <utility>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -131,8 +128,11 @@ int g_tokens = [] {
   return std::clamp(env ? std::atoi(env) : kW4A16GemvMaxTokens, 0, kW4A16GemvMaxTokens);
 }();
 
-template <int NT, int U>
-using Kernel = std::pair<std::integral_constant<int, NT>, std::integral_constant<int, U>>;
+// A GEMV instance: NT token tiles of 8, U chunks in flight per warp.
+template <int NT_, int U_>
+struct Kernel {
+  static constexpr int NT = NT_, U = U_;
+};
 
 // f(Kernel<NT, U>) for the kernel that serves T <= 8 NT tokens: U = 8 chunks in flight per warp
 // for one token tile (3 blocks an SM), 4 for more tiles, whose accumulators need the registers
@@ -156,8 +156,8 @@ void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTok
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
-    using K_ = decltype(k);
-    return qgemv::resident_blocks<W4Tiled, K_::first_type::value, K_::second_type::value>();
+    using Kn = decltype(k);
+    return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
@@ -171,9 +171,8 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
   with_kernel(T, [&](auto k) {
-    using K_ = decltype(k);
-    qgemv::launch<W4Tiled, K_::first_type::value, K_::second_type::value>(w, x, parts, partial, counters, splits, T, N,
-                                                                         K, s);
+    using Kn = decltype(k);
+    qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
   });
 }
 
