@@ -215,36 +215,36 @@ __device__ __forceinline__ void split_range(int K, int& c_begin, int& c_end) {
   c_end = static_cast<int>(int64_t(blockIdx.y + 1) * n_chunks / gridDim.y);
 }
 
-// Register main loop: U chunks are loaded (all in flight) before any is used; the first U before
-// pdl_wait. (Loading the next U while using these, a software pipeline in registers, measured 15%
-// slower on the H200: more registers, fewer warps.) For one token tile, registers are capped so
-// that 4 blocks (U <= 4) or 3 (U 8) fit on an SM (none spill). partial f32 [gridDim.y, T, N] and
-// counters i32 [gridDim.x] (zero between launches) are used only when gridDim.y > 1.
+// Register main loop: U chunks are loaded (all in flight) before any is used. (Loading the next U
+// while using these, a software pipeline in registers, measured 15% slower on the H200: more
+// registers, fewer warps. Loading the first U before pdl_wait, out of the loop, coincided with
+// the int8 lm_head going from 372 to 554 us and the W4A16 step sum from 7.42 to 7.74 ms, and was
+// taken back.) With U 8 registers are capped so that 3 blocks fit on an SM (80, no spills).
+// partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] (zero between launches) are used
+// only when gridDim.y > 1.
 template <class Fmt, int NT, int U>
-__global__ void __launch_bounds__(kWarps * 32, NT > 1 ? 1 : U > 4 ? 3 : 4)
+__global__ void __launch_bounds__(kWarps * 32, U > 4 ? 3 : 0)
     qgemv_kernel(Fmt w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
                  int* __restrict__ counters, int T, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rb = blockIdx.x * kWarps + warp;
+  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
+  pdl_trigger();
   int c_begin, c_end;
   split_range(K, c_begin, c_end);
-  if (rb * 16 >= N) c_end = c_begin;  // rows past N: no chunks, but the split-K barrier below
   float acc[NT][4] = {};
-  typename Fmt::Frag f[U];
-  auto load_round = [&](int c0) {
+
+  if (rb * 16 < N) {
+    for (int c0 = c_begin; c0 < c_end; c0 += U) {
+      typename Fmt::Frag f[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + u < c_end) f[u] = w.load(rb, c0 + u, lane, N);
-  };
-  load_round(c_begin);  // weights are never written: the first round streams while the previous kernel ends
-  pdl_wait();           // x comes from the previous kernel; out and partial may still be read by it
-  pdl_trigger();
-  for (int c0 = c_begin; c0 < c_end; c0 += U) {
-    if (c0 != c_begin) load_round(c0);
+      for (int u = 0; u < U; ++u)
+        if (c0 + u < c_end) f[u] = w.load(rb, c0 + u, lane, N);
 #pragma unroll
-    for (int u = 0; u < U; ++u)
-      if (c0 + u < c_end)
-        accumulate_chunk<Fmt, NT>(w, f[u], x, (c0 + u) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
+      for (int u = 0; u < U; ++u)
+        if (c0 + u < c_end)
+          accumulate_chunk<Fmt, NT>(w, f[u], x, (c0 + u) * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
+    }
   }
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
 }
