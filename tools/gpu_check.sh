@@ -6,7 +6,8 @@
 # table.txt and gpu_check_logs.tgz (every log and JSON result).
 #   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
 #   there:  tools/gpu_check.sh [tests|sweep]   (carry .devbuild; default both)
-#     tests: the CUDA tests and the decode A/B of the GEMV settings; sweep: the full model sweeps
+#     tests: the CUDA tests, the decode A/B of the switches and ncu breakdowns; sweep: the full
+#     model sweeps
 # A device command may run 600 s at most: run the serving benchmark (gpu_serve_bench.sh) and
 # the soak (gpu_soak.sh, two calls) as commands of their own.
 set -uo pipefail
