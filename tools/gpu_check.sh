@@ -71,6 +71,12 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     env ${vars//,/ } "${BENCH[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 \
       > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
   done
+  # Decode attention A/B: the split-KV CUDA-core kernel (default) or the tensor-core kernel with
+  # the GQA heads packed (DS_ATTN_DECODE=tc), batch 1 and 64 at 1k and 16k, verify 1/8 at 4k.
+  for attn in simt tc; do
+    DS_ATTN_DECODE=$attn "${BENCH[@]}" --w4a16 --batches 1,64 --contexts 1024,16384 --verify 1,8 --prefill 0 \
+      > "$LOG/ab_attn_$attn.txt" 2> "$LOG/ab_attn_$attn.log" || status=1
+  done
   # Where a step's time goes: kernel breakdowns of decode steps, NAME:BATCH:CONTEXT (the first
   # with the full sections of its first GEMVs). env: DS_PROFILES overrides the list.
   detail=1
@@ -121,10 +127,10 @@ for f in "$LOG"/tests/*.sanitizer.log; do
 done
 echo "== bench model (27B shape, bf16 weights, synthetic) =="
 cat "$LOG/bench_model.txt" 2>/dev/null; tail -3 "$LOG/bench_model.log" 2>/dev/null
-echo "== decode A/B (27B shape, W4A16, 1k context): defaults, then PDL, fused linears, step graphs off =="
+echo "== decode A/B (27B shape, W4A16): defaults, then PDL, fused linears, graphs off (1k); attention simt/tc =="
 for f in "$LOG"/ab_*.txt; do
   [ -e "$f" ] || continue
-  echo "-- $(basename "$f" .txt | sed 's/^ab_//')"; grep -E "^decode" "$f"; tail -1 "${f%.txt}.log"
+  echo "-- $(basename "$f" .txt | sed 's/^ab_//')"; grep -E "^(decode|verify)" "$f"; tail -1 "${f%.txt}.log"
 done
 echo "== kernel time per decode step (Nsight Compute, caches not flushed) =="
 for f in "$LOG"/profile_*.txt; do [ -e "$f" ] && { echo "-- $(basename "$f" .txt)"; cat "$f"; }; done

@@ -1,13 +1,15 @@
 // The tensor-core flash prefill attention (attention_prefill.cu) against the CPU reference,
 // through CudaOps::attention's dispatch: chunks of 1..4096 tokens, cached context from earlier
 // steps, several sequences per step on shuffled block tables, steps mixing decodes and prefill
-// chunks (both kernels), head dims 256 and 128. Then its speed against the split-KV kernel at
-// the 27B shape. Skipped where there is no GPU.
+// chunks (both kernels), head dims 256 and 128; decode and verify chunks both through the
+// split-KV kernel and through this one with the GQA heads packed (DS_ATTN_DECODE=tc). Then its
+// speed against the split-KV kernel at the 27B shape. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -49,6 +51,12 @@ StepPlan make_plan(const std::vector<int>& lens, const std::vector<int>& past, c
   p.max_blocks = max_blocks;
   return p;
 }
+
+// Which kernel takes decode and verify chunks (launchers.h), put back when a test ends.
+struct DecodeKernelRestored {
+  bool tc = cuda::attention_decode_tc();
+  ~DecodeKernelRestored() { cuda::set_attention_decode_tc(tc); }
+};
 
 class AttentionPrefillTest : public ::testing::Test {
  protected:
@@ -102,6 +110,7 @@ class AttentionPrefillTest : public ::testing::Test {
     std::string what = "hd" + std::to_string(hd) + " nH" + std::to_string(nH) + " nKV" + std::to_string(nKV) + " q_std" +
                        std::to_string(q_std) + " lens";
     for (size_t s = 0; s < lens.size(); ++s) what += " " + std::to_string(lens[s]) + "@" + std::to_string(past[s]);
+    if (cuda::attention_decode_tc()) what += " (decode: tc)";
     const double err = step(lens, nH, nKV, hd, q_std);
     std::printf("[figure] attention_prefill rel_rms %s: %.2e\n", what.c_str(), err);
     EXPECT_LE(err, kTol) << what;
@@ -120,17 +129,22 @@ class AttentionPrefillTest : public ::testing::Test {
 // One sequence per step, 27B head layout: fresh chunks of awkward lengths, then chunks on top
 // of ~1000 cached tokens written by earlier steps.
 TEST_F(AttentionPrefillTest, SingleSequenceGqa256) {
+  const DecodeKernelRestored restore;
   const int nH = 24, nKV = 4, hd = 256;
-  for (int T : {1, 17, 63, 500}) {
+  for (bool tc : {false, true}) {
+    cuda::set_attention_decode_tc(tc);
+    for (int T : {1, 17, 63, 500}) {
+      init(nKV, hd, 1, 128);
+      expect_step({T}, nH, nKV, hd, 1.f);
+    }
     init(nKV, hd, 1, 128);
-    expect_step({T}, nH, nKV, hd, 1.f);
+    expect_step({1000}, nH, nKV, hd, 1.f);  // cached context: random keys and values
+    expect_step({17}, nH, nKV, hd, 3.f);    // peaked softmax
+    expect_step({129}, nH, nKV, hd, 1.f);
+    expect_step({1}, nH, nKV, hd, 1.f);
+    expect_step({8}, nH, nKV, hd, 2.f);  // a verify block
+    expect_step({300}, nH, nKV, hd, 1.f);
   }
-  init(nKV, hd, 1, 128);
-  expect_step({1000}, nH, nKV, hd, 1.f);  // cached context: random keys and values
-  expect_step({17}, nH, nKV, hd, 3.f);    // peaked softmax
-  expect_step({129}, nH, nKV, hd, 1.f);
-  expect_step({1}, nH, nKV, hd, 1.f);
-  expect_step({300}, nH, nKV, hd, 1.f);
 }
 
 // 4096 new tokens; one KV group keeps the CPU reference quick (the full 24-head shape is
@@ -146,14 +160,34 @@ TEST_F(AttentionPrefillTest, Chunk4096) {
 // kernel) and prefill chunks (flash kernel), decodes first as the scheduler orders them and
 // also interleaved.
 TEST_F(AttentionPrefillTest, VarlenMixedSteps) {
-  for (int hd : {256, 128}) {
-    const int nH = hd == 256 ? 24 : 8, nKV = hd == 256 ? 4 : 2;
-    init(nKV, hd, 3, 64);
-    expect_step({300, 17, 129}, nH, nKV, hd, 1.f);
-    expect_step({1, 1, 200}, nH, nKV, hd, 1.f);
-    expect_step({40, 3, 1}, nH, nKV, hd, 2.f);
-    expect_step({16, 17, 63}, nH, nKV, hd, 1.f);
-    expect_step({5, 0, 1}, nH, nKV, hd, 1.f);
+  const DecodeKernelRestored restore;
+  for (bool tc : {false, true}) {
+    cuda::set_attention_decode_tc(tc);
+    for (int hd : {256, 128}) {
+      const int nH = hd == 256 ? 24 : 8, nKV = hd == 256 ? 4 : 2;
+      init(nKV, hd, 3, 64);
+      expect_step({300, 17, 129}, nH, nKV, hd, 1.f);
+      expect_step({1, 1, 200}, nH, nKV, hd, 1.f);
+      expect_step({40, 3, 1}, nH, nKV, hd, 2.f);
+      expect_step({16, 17, 63}, nH, nKV, hd, 1.f);
+      expect_step({5, 0, 1}, nH, nKV, hd, 1.f);
+    }
+  }
+}
+
+// Decode and verify steps only (every chunk <= 16 tokens) on long cached contexts, many
+// sequences: the split-KV kernel and the packed tensor-core kernel (splits over 128-key
+// stretches, a 16-token block spanning tiles of 128 packed rows).
+TEST_F(AttentionPrefillTest, DecodeAndVerifySteps) {
+  const DecodeKernelRestored restore;
+  const int nH = 24, nKV = 4, hd = 256;
+  for (bool tc : {false, true}) {
+    cuda::set_attention_decode_tc(tc);
+    init(nKV, hd, 5, 200);
+    expect_step({700, 1500, 3000, 64, 1}, nH, nKV, hd, 1.f);  // context (prefill kernel)
+    expect_step({1, 1, 1, 1, 1}, nH, nKV, hd, 1.f);
+    expect_step({8, 8, 8, 8, 8}, nH, nKV, hd, 2.f);
+    expect_step({16, 3, 1, 16, 7}, nH, nKV, hd, 1.f);
   }
 }
 
@@ -218,12 +252,12 @@ TEST_F(AttentionPrefillTest, Speed27B) {
     Tensor d_past = gpu->upload(past.data(), DType::kI32, {1}, DType::kI32);
     Tensor d_cu_new = gpu->upload(cu_new.data(), DType::kI32, {2}, DType::kI32);
     auto* past_p = static_cast<const int32_t*>(d_past.data);
-    const int n_splits = cuda::attention_prefill_splits(n_new, nH, hd, n_past + n_new, partial_budget);
+    const int n_splits = cuda::attention_prefill_splits(1, n_new, nH, hd, n_past + n_new, 1, 512, partial_budget);
     auto flash = [&] {
       cuda::launch_attention_prefill(bq, bk, bv, static_cast<cuda::bf16*>(out.data), static_cast<float*>(partial.data),
                                      n_splits, static_cast<const int32_t*>(d_sot.data),
                                      static_cast<const int32_t*>(d_cu_new.data), past_p, tab_p, max_blocks, n_new, 1,
-                                     16, nH, nKV, hd, bs, scale, nullptr);
+                                     16, INT_MAX, 1, nH, nKV, hd, bs, scale, nullptr);
     };
     const double ms = time_ms(flash, 5);
     const double flops = 4.0 * n_new * (n_past + n_new / 2.0) * hd * nH;  // causal: half of the new-token square

@@ -176,6 +176,33 @@ TEST(CudaDemoModel, LogitsWithinBf16OfReference) {
   EXPECT_LE(err, 1.5 * base + 1e-3);
 }
 
+// The demo model (head dim 64, 2 query heads per KV head) decoding token by token and in
+// 7-token verify-shaped steps (recorded graphs) with the tensor-core attention packing the GQA
+// heads (DS_ATTN_DECODE=tc), against the CPU reference, judged like the one-piece prefill.
+TEST(CudaDemoModel, TensorCoreDecodeAttentionWithinBf16OfReference) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const std::string model = "../../models/qwen3_5-demo";  // relative to tests/data
+  const std::vector<int32_t> prompt = demo_prompt();
+  ASSERT_FALSE(prompt.empty());
+  const int n = static_cast<int>(prompt.size());
+  Engine cpu = make_engine(model);
+  Engine cpu_bf16 = make_engine(model, 4, 64, 16, /*bf16_activations=*/true);
+  const std::vector<float> ref = prefill_logits(cpu, prompt, {n});
+  const double base = rel_rms(prefill_logits(cpu_bf16, prompt, {n}), ref);
+  const bool before = cuda::attention_decode_tc();
+  for (bool tc : {false, true}) {
+    cuda::set_attention_decode_tc(tc);
+    GpuEngine gpu = make_gpu_engine(model);
+    for (int chunk : {1, 7}) {
+      const double err = rel_rms(gpu_prefill(gpu, prompt, chunk), ref);
+      std::cout << "[figure] demo decode attention " << (tc ? "tc" : "simt") << " chunk " << chunk << " rel_rms "
+                << err << " cpu_bf16_baseline_rel_rms " << base << "\n";
+      EXPECT_LE(err, 1.5 * base + 1e-3) << (tc ? "tc" : "simt") << " chunk " << chunk;
+    }
+  }
+  cuda::set_attention_decode_tc(before);
+}
+
 // The demo model with int8 embedding / lm_head tables (the CUDA default) against the CPU
 // reference holding the same int8 tables, judged like the bf16 tables against the bf16 baseline.
 TEST(CudaDemoModel, Int8VocabWithinBf16OfCpuTwin) {

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/launchers.h"
 #include "cuda/cuda_test_util.h"
 #include "backend/cuda/device.h"
 
@@ -279,31 +280,39 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   }
 }
 
+// Paged GQA attention on prefill and decode steps, decode chunks through the split-KV kernel
+// and (head dim 256: the tensor-core kernel has it) through the tensor-core kernel with the
+// query heads packed per KV head (DS_ATTN_DECODE=tc).
 TEST_F(CudaOpsTest, PagedAttentionGqa) {
-  for (int hd : {40, 256}) {
-    const int nH = 6, nKV = 2, bs = 16, max_blocks = 40;
-    CacheGeometry g;
-    g.n_kv_layers = 2, g.n_blocks = 3 * max_blocks, g.block_size = bs, g.n_kv_heads = nKV, g.head_dim = hd;
-    g.n_state_layers = 1, g.n_slots = 3, g.conv_rows = 1, g.conv_dim = 1, g.n_v_heads = 1, g.k_head_dim = 1,
-    g.v_head_dim = 1;
-    cpu.alloc_caches(g);
-    gpu->alloc_caches(g);
-    std::vector<int> past = {0, 0, 0};
-    // 600- and 300-token prefills, then decode-sized steps: long contexts take the split-KV path.
-    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 63, 20}, {1, 1, 40}, {500, 230, 5}, {1, 1, 3}}) {
-      const int T = lens[0] + lens[1] + lens[2];
-      begin(make_plan(lens, past, bs, max_blocks));
-      auto q = both(random_bf16(T * nH * hd, rng), {T, nH, hd});
-      auto k = both(random_bf16(T * nKV * hd, rng), {T, nKV, hd});
-      auto v = both(random_bf16(T * nKV * hd, rng), {T, nKV, hd});
-      auto out = outputs({T, nH * hd});
-      const float scale = 1.0f / std::sqrt(float(hd));
-      cpu.attention(q.first, k.first, v.first, 1, scale, out.first);
-      gpu->attention(q.second, k.second, v.second, 1, scale, out.second);
-      expect_close(out, 1e-2, "attention_hd" + std::to_string(hd));
-      for (int s = 0; s < 3; ++s) past[s] += lens[s];
+  const bool tc_before = cuda::attention_decode_tc();
+  for (bool tc : {false, true})
+    for (int hd : {40, 256}) {
+      cuda::set_attention_decode_tc(tc);
+      const int nH = 6, nKV = 2, bs = 16, max_blocks = 40;
+      CacheGeometry g;
+      g.n_kv_layers = 2, g.n_blocks = 3 * max_blocks, g.block_size = bs, g.n_kv_heads = nKV, g.head_dim = hd;
+      g.n_state_layers = 1, g.n_slots = 3, g.conv_rows = 1, g.conv_dim = 1, g.n_v_heads = 1, g.k_head_dim = 1,
+      g.v_head_dim = 1;
+      cpu.alloc_caches(g);
+      gpu->alloc_caches(g);
+      std::vector<int> past = {0, 0, 0};
+      // 600- and 300-token prefills, then decode-sized steps: long contexts take the split-KV path.
+      for (const std::vector<int>& lens :
+           std::vector<std::vector<int>>{{1, 63, 20}, {1, 1, 40}, {500, 230, 5}, {1, 1, 3}}) {
+        const int T = lens[0] + lens[1] + lens[2];
+        begin(make_plan(lens, past, bs, max_blocks));
+        auto q = both(random_bf16(T * nH * hd, rng), {T, nH, hd});
+        auto k = both(random_bf16(T * nKV * hd, rng), {T, nKV, hd});
+        auto v = both(random_bf16(T * nKV * hd, rng), {T, nKV, hd});
+        auto out = outputs({T, nH * hd});
+        const float scale = 1.0f / std::sqrt(float(hd));
+        cpu.attention(q.first, k.first, v.first, 1, scale, out.first);
+        gpu->attention(q.second, k.second, v.second, 1, scale, out.second);
+        expect_close(out, 1e-2, "attention_hd" + std::to_string(hd) + (tc ? " tc" : ""));
+        for (int s = 0; s < 3; ++s) past[s] += lens[s];
+      }
     }
-  }
+  cuda::set_attention_decode_tc(tc_before);
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
-// Tensor-core flash-attention prefill over the paged KV cache (FlashAttention-2 scheme): a CTA
-// of 8 warps owns 128 query rows (consecutive tokens of one sequence, one query head), streams
-// the head's K/V in tiles of 64 keys gathered through the block table into shared memory
-// (cp.async, two stages), computes S = Q K^T and O += P V with mma.sync m16n8k16 bf16 (fp32
-// accumulate) and keeps an fp32 online softmax per row. Tiles entirely above the diagonal are
-// never loaded; only tiles that cross it are masked. Head dims 64, 128 and 256. Short chunks
-// on long contexts split the keys over several CTAs (split-KV) whose partial softmax states
-// attention.cu's combine kernel merges.
+// Tensor-core flash-attention over the paged KV cache (FlashAttention-2 scheme): a CTA of 8
+// warps owns 128 query rows of one sequence, streams their KV head's K/V in tiles of 64 keys
+// gathered through the block table into shared memory (cp.async, two stages), computes
+// S = Q K^T and O += P V with mma.sync m16n8k16 bf16 (fp32 accumulate) and keeps an fp32 online
+// softmax per row. Tiles entirely above the diagonal are never loaded; only tiles that cross it
+// are masked. Head dims 64, 128 and 256. Short chunks on long contexts split the keys over
+// several CTAs (split-KV) whose partial softmax states attention.cu's combine kernel merges.
+// Rows are packed `pack` query heads per token: pack 1 (prefill) gives a CTA consecutive tokens
+// of one query head; pack = the GQA group (decode and verify) gives it every query head of one
+// KV head for consecutive tokens, so one K/V tile serves them all (GQA packing); warps whose 16
+// rows are all past the sequence skip the mma work.
 #include <algorithm>
 #include <climits>
 #include <cuda_runtime.h>
@@ -43,19 +46,20 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// grid (nH, tile bound, n_splits), kThreads threads, prefill_smem_bytes<HD>() dynamic shared
-// memory. Query tiles of the sequences with more than min_len new tokens are numbered in
-// sequence order; blockIdx.y counts them from the last, so the long last tiles of a causal
-// prefill start first. Split blockIdx.z takes its share of the tile's K/V tiles; with
-// n_splits > 1 the rows go unnormalised to partial f32 [T, nH, n_splits, HD + 2] (accumulator,
-// max, sum; the layout of attention_kernel's partials) instead of out.
+// grid (nH / pack, tile bound, n_splits), kThreads threads, prefill_smem_bytes<HD>() dynamic
+// shared memory. A sequence of len new tokens has len * pack rows, row r being token r / pack
+// and query head blockIdx.x * pack + r % pack. Query tiles of the sequences with min_len < len
+// <= max_len are numbered in sequence order; blockIdx.y counts them from the last, so the long
+// last tiles of a causal prefill start first. Split blockIdx.z takes its share of the tile's K/V
+// tiles; with n_splits > 1 the rows go unnormalised to partial f32 [T, nH, n_splits, HD + 2]
+// (accumulator, max, sum; the layout of attention_kernel's partials) instead of out.
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_prefill_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
                              const bf16* __restrict__ v_cache, bf16* __restrict__ out, float* __restrict__ partial,
                              const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ n_past,
                              const int32_t* __restrict__ block_tables, int max_blocks, int n_seqs, int min_len,
-                             int nH, int nKV, int block_size, float scale) {
+                             int max_len, int pack, int nH, int nKV, int block_size, float scale) {
   constexpr int CH = HD / 8;  // 16-byte chunks per row
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [kBM, HD]
@@ -67,20 +71,23 @@ __global__ void __launch_bounds__(kThreads, 1)
   int s = 0;
   for (; s < n_seqs; ++s) {
     const int len = cu_seqlens[s + 1] - cu_seqlens[s];
-    if (len <= min_len) continue;
-    const int n_tiles = (len + kBM - 1) / kBM;
+    if (len <= min_len || len > max_len) continue;
+    const int n_tiles = (len * pack + kBM - 1) / kBM;
     if (tile < n_tiles) break;
     tile -= n_tiles;
   }
   if (s == n_seqs) return;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int h = blockIdx.x, kvh = h / (nH / nKV);
+  const int h0 = blockIdx.x * pack, kvh = h0 / (nH / nKV);  // first query head of the CTA's rows
   const int seq_start = cu_seqlens[s];
   const int r0 = tile * kBM;                                 // first row's index in the sequence
-  const int rows = min(kBM, cu_seqlens[s + 1] - seq_start - r0);  // valid query rows
+  const int rows = min(kBM, (cu_seqlens[s + 1] - seq_start) * pack - r0);  // valid query rows
+  // (token, head) index t nH + h of row r of the tile: token seq_start + (r0 + r) / pack, head
+  // h0 + (r0 + r) % pack.
+  auto row_th = [&](int r) { return int64_t(seq_start + (r0 + r) / pack) * nH + h0 + (r0 + r) % pack; };
   const int past = n_past[s];
-  const int p_min = past + r0, p_max = past + r0 + rows - 1;  // positions of the first and last row
+  const int p_min = past + r0 / pack, p_max = past + (r0 + rows - 1) / pack;  // first and last row's positions
   const int n_keys = p_max + 1;                                // keys any row of the tile sees
   const int n_kv_tiles = (n_keys + kBN - 1) / kBN;
   const int n_splits = gridDim.z, per_split = (n_kv_tiles + n_splits - 1) / n_splits;
@@ -93,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kBM * CH / kThreads; ++i) {
     const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
     const bool valid = row < rows;
-    const bf16* src = valid ? q + (int64_t(seq_start + r0 + row) * nH + h) * HD + ch * 8 : q;
+    const bf16* src = valid ? q + row_th(row) * HD + ch * 8 : q;
     cp_async16(smem_u32(sQ + swz<HD>(row, ch)), src, valid);
   }
   // K/V tile `kt` into stage `stage` (zeros for keys >= n_keys: they are masked below).
@@ -124,8 +131,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, c = lane & 3;
   const int row_a = warp * 16 + g, row_b = row_a + 8;
   // Causal limits; rows past the sequence's end reuse the last row's (never written).
-  const int pos_a = past + r0 + min(row_a, rows - 1);
-  const int pos_b = past + r0 + min(row_b, rows - 1);
+  const int pos_a = past + (r0 + min(row_a, rows - 1)) / pack;
+  const int pos_b = past + (r0 + min(row_b, rows - 1)) / pack;
+  const bool has_rows = warp * 16 < rows;  // else this warp only helps load the tiles
   const float scale_log2 = scale * 1.4426950408889634f;  // softmax in base 2
 
   float o[HD / 8][4];  // O f32 [16, HD] of this warp, as HD/8 n-tiles
@@ -150,13 +158,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t k_row = smem_u32(sK) + (lm_q * 8 + lm_row) * HD * 2;
   const uint32_t v_row = smem_u32(sV) + (lm_hi * 8 + lm_row) * HD * 2;
 
-  for (int kt = kt_begin; kt < kt_end; ++kt) {
-    cp_async_wait<1>();  // tile kt (and Q) landed for this thread ...
-    __syncthreads();     // ... and for every thread
-    const int stage = (kt - kt_begin) & 1;
-    const uint32_t k_base = k_row + stage * kBN * HD * 2;
-    const uint32_t v_base = v_row + stage * kBN * HD * 2;
-
+  // One K/V tile (kt, in the stage at k_base / v_base) into this warp's rows.
+  auto attend_tile = [&](int kt, uint32_t k_base, uint32_t v_base) {
     // S f32 [16, kBN] = Q_warp . K_tile^T
     float sc[kBN / 8][4];
 #pragma unroll
@@ -237,7 +240,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         mma_bf16(o[2 * db + 1], a, b[2], b[3]);
       }
     }
+  };
 
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    cp_async_wait<1>();  // tile kt (and Q) landed for this thread ...
+    __syncthreads();     // ... and for every thread
+    const int stage = (kt - kt_begin) & 1;
+    if (has_rows) attend_tile(kt, k_row + stage * kBN * HD * 2, v_row + stage * kBN * HD * 2);
     __syncthreads();  // every warp is done with this stage before it is refilled
     if (kt + 2 < kt_end) load_kv(kt + 2, stage);
     cp_async_commit();
@@ -256,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int half = 0; half < 2; ++half) {
       const int row = half ? row_b : row_a;
       if (row >= rows) continue;
-      float* dst = partial + ((int64_t(seq_start + r0 + row) * nH + h) * n_splits + blockIdx.z) * (HD + 2);
+      float* dst = partial + (row_th(row) * n_splits + blockIdx.z) * (HD + 2);
 #pragma unroll
       for (int i = 0; i < HD / 8; ++i)
         *reinterpret_cast<float2*>(dst + i * 8 + 2 * c) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
@@ -280,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < 16 * CH / 32; ++i) {
     const int id = lane + 32 * i, r = warp * 16 + id / CH, ch = id % CH;
     if (r < rows)
-      *reinterpret_cast<uint4*>(out + (int64_t(seq_start + r0 + r) * nH + h) * HD + ch * 8) =
+      *reinterpret_cast<uint4*>(out + row_th(r) * HD + ch * 8) =
           *reinterpret_cast<const uint4*>(sQ + swz<HD>(r, ch));
   }
 }
@@ -288,18 +297,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <int HD>
 void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, int n_splits,
                     const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
-                    int T, int n_seqs, int min_len, int nH, int nKV, int block_size, float scale, cudaStream_t s) {
+                    int T, int n_seqs, int min_len, int max_len, int pack, int nH, int nKV, int block_size,
+                    float scale, cudaStream_t s) {
   constexpr int smem = prefill_smem_bytes<HD>();
   static const bool configured = [] {  // once per head dim: more than the default 48 KiB
     CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     return true;
   }();
   (void)configured;
-  // Every sequence of len tokens has ceil(len / kBM) <= len / kBM + 1 tiles.
-  const dim3 grid(nH, (T + kBM - 1) / kBM + n_seqs, n_splits);
+  // Every sequence of len tokens has ceil(len pack / kBM) <= len pack / kBM + 1 tiles.
+  const dim3 grid(nH / pack, (T * pack + kBM - 1) / kBM + n_seqs, n_splits);
   attention_prefill_kernel<HD><<<grid, kThreads, smem, s>>>(q, k_cache, v_cache, out, partial, cu_seqlens, n_past,
-                                                            block_tables, max_blocks, n_seqs, min_len, nH, nKV,
-                                                            block_size, scale);
+                                                            block_tables, max_blocks, n_seqs, min_len, max_len, pack,
+                                                            nH, nKV, block_size, scale);
   cuda_check_launch("attention_prefill", s);
 }
 
@@ -307,16 +317,17 @@ void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf1
 
 bool attention_prefill_supported(int hd) { return hd == 64 || hd == 128 || hd == 256; }
 
-int attention_prefill_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes) {
-  constexpr int kMinSplitKeys = 512;  // K/V tiles per split worth a partial write and a combine
+int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int pack, int min_split_keys,
+                             size_t partial_budget_bytes) {
   static const int n_sms = [] {
     int device = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
     return n;
   }();
-  const int ctas = std::max(1, (T + kBM - 1) / kBM) * nH;  // one CTA per SM: aim for two waves
-  int n = std::min((2 * n_sms + ctas - 1) / ctas, max_ctx / kMinSplitKeys);
+  // One CTA per SM: aim for two waves.
+  const int ctas = std::max({1, n_seqs, (T * pack + kBM - 1) / kBM}) * (nH / pack);
+  int n = std::min((2 * n_sms + ctas - 1) / ctas, max_ctx / min_split_keys);
   const size_t per_split = size_t(T) * nH * (hd + 2) * sizeof(float);
   if (n > 1 && size_t(n) * per_split > partial_budget_bytes) n = static_cast<int>(partial_budget_bytes / per_split);
   return std::max(n, 1);
@@ -325,22 +336,24 @@ int attention_prefill_splits(int T, int nH, int hd, int max_ctx, size_t partial_
 void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
                               int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                               const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
-                              int min_len, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s) {
+                              int min_len, int max_len, int pack, int nH, int nKV, int hd, int block_size,
+                              float scale, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(attention_prefill_supported(hd), "attention_prefill: head_dim %d unsupported", hd);
   DS_ASSERT(nKV > 0 && nH % nKV == 0, "attention_prefill: %d query heads over %d kv heads", nH, nKV);
+  DS_ASSERT(pack == 1 || pack == nH / nKV, "attention_prefill: pack %d (1 or the group, %d)", pack, nH / nKV);
   DS_ASSERT(n_splits == 1 || partial != nullptr, "split attention_prefill needs partial buffers");
   if (hd == 64)
     launch_prefill<64>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
-                       n_seqs, min_len, nH, nKV, block_size, scale, s);
+                       n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
   else if (hd == 128)
     launch_prefill<128>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
-                        n_seqs, min_len, nH, nKV, block_size, scale, s);
+                        n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
   else
     launch_prefill<256>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
-                        n_seqs, min_len, nH, nKV, block_size, scale, s);
+                        n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
   if (n_splits > 1)
-    launch_attention_combine(partial, out, seq_of_token, cu_seqlens, 0, T, min_len, INT_MAX, nH, hd, n_splits, s);
+    launch_attention_combine(partial, out, seq_of_token, cu_seqlens, 0, T, min_len, max_len, nH, hd, n_splits, s);
 }
 
 }  // namespace ds::cuda

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -645,32 +646,49 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   bf16* vc = impl_->v_cache + kv_layer * layer_elems;
   cuda::launch_kv_append(B(k), B(v), kc, vc, impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
                          impl_->block_tables, table_width_, T, nKV, hd, geo_.block_size, impl_->stream);
-  // Sequences with more than kDecodeChunk new tokens take the tensor-core prefill kernel when
-  // it has this head dim; the others take the split-KV kernel, over the token range holding
-  // them (the scheduler puts decodes first, so in mixed steps that range is short).
+  // Sequences with more than kDecodeChunk new tokens take the tensor-core kernel, a CTA per query
+  // head, when it has this head dim; the others take, over the token range holding them (the
+  // scheduler puts decodes first, so in mixed steps that range is short), the split-KV CUDA-core
+  // kernel, or with DS_ATTN_DECODE=tc the tensor-core kernel with each KV head's query heads
+  // packed into its rows.
   constexpr int kDecodeChunk = 16;
-  const bool prefill = max_chunk_ > kDecodeChunk && cuda::attention_prefill_supported(hd);
+  constexpr int kPrefillSplitKeys = 512, kDecodeSplitKeys = 128;  // least keys per split
+  const bool tc = cuda::attention_prefill_supported(hd);
+  const bool prefill = max_chunk_ > kDecodeChunk && tc;
   const int split_max_chunk = prefill ? kDecodeChunk : max_chunk_;
-  int t_begin = T, t_end = 0, split_ctx = 1;
+  int t_begin = T, t_end = 0, split_ctx = 1, n_short = 0;
   for (int s = 0; s < plan_.n_seqs(); ++s) {
     const int len = plan_.cu_seqlens[s + 1] - plan_.cu_seqlens[s];
     if (len == 0 || len > split_max_chunk) continue;
     t_begin = std::min(t_begin, plan_.cu_seqlens[s]);
     t_end = std::max(t_end, plan_.cu_seqlens[s + 1]);
     split_ctx = std::max(split_ctx, plan_.n_past[s] + len);
+    ++n_short;
   }
   if (graph_step_) split_ctx = max_ctx_;  // the whole padded width: the recording must not depend on the context
   const size_t budget = (options_.scratch_bytes - scratch_used_) / 4;  // leave room for the rest of the layer
   if (prefill) {
     const size_t mark = scratch_mark();
-    const int n_splits = cuda::attention_prefill_splits(T, nH, hd, max_ctx_, budget);
+    const int n_splits = cuda::attention_prefill_splits(plan_.n_seqs() - n_short, T, nH, hd, max_ctx_, 1,
+                                                        kPrefillSplitKeys, budget);
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
     cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
-                                   impl_->n_past, impl_->block_tables, table_width_, T, plan_.n_seqs(),
-                                   kDecodeChunk, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
+                                   impl_->n_past, impl_->block_tables, table_width_, T, plan_.n_seqs(), kDecodeChunk,
+                                   INT_MAX, 1, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
     scratch_release(mark);  // queued work runs before the memory is handed out again
   }
   if (t_end <= t_begin) return;
+  if (tc && cuda::attention_decode_tc()) {
+    // Partials are indexed by token from 0: t_end rows.
+    const int pack = nH / nKV;
+    const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, kDecodeSplitKeys,
+                                                        budget);
+    float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(t_end) * nH * n_splits, hd + 2})) : nullptr;
+    cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
+                                   impl_->n_past, impl_->block_tables, table_width_, t_end, plan_.n_seqs(), 0,
+                                   split_max_chunk, pack, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
+    return;
+  }
   const int n_rows = t_end - t_begin;
   const int row_groups = cuda::attention_row_groups(split_max_chunk, nH, nKV);
   const int n_splits = cuda::attention_splits(plan_.n_seqs(), row_groups, nH, nKV, hd, n_rows, split_ctx, budget);

@@ -205,17 +205,27 @@ void launch_attention_combine(const float* partial, bf16* out, const int32_t* se
 // Whether launch_attention_prefill has a kernel for this head dim (64, 128, 256).
 bool attention_prefill_supported(int hd);
 // Key splits for launch_attention_prefill: enough CTAs for two waves on this GPU when the step
-// has few query tiles and long contexts (at least 512 keys per split), within the partial
-// budget (f32 [T, nH, n_splits, hd + 2]).
-int attention_prefill_splits(int T, int nH, int hd, int max_ctx, size_t partial_budget_bytes);
-// Tensor-core causal GQA attention (flash, tiles of 128 query rows) for the sequences with more
-// than min_len new tokens; rows of the other sequences are left untouched. Same q, caches and
-// out as launch_attention; cu_seqlens i32 [n_seqs + 1]; partial: scratch of
-// attention_prefill_splits' size when n_splits > 1.
+// has few query tiles and long contexts (at least min_split_keys keys per split), within the
+// partial budget (f32 [T, nH, n_splits, hd + 2]).
+// n_seqs: sequences the launch serves (each has at least one tile); T: tokens of the partials.
+int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int pack, int min_split_keys,
+                             size_t partial_budget_bytes);
+// Tensor-core causal GQA attention (flash, tiles of 128 query rows) for the sequences with
+// min_len < new tokens <= max_len; rows of the other sequences are left untouched. pack 1 (a
+// CTA per query head: prefill) or nH / nKV (a CTA per KV head, its query heads packed into the
+// rows: decode and verify). Same q, caches and out as launch_attention; cu_seqlens i32
+// [n_seqs + 1]; partial: scratch of attention_prefill_splits' size when n_splits > 1.
 void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
                               int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                               const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
-                              int min_len, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s);
+                              int min_len, int max_len, int pack, int nH, int nKV, int hd, int block_size,
+                              float scale, cudaStream_t s);
+// Which kernel takes the sequences of at most 16 new tokens (decode, verify) where the tensor-
+// core kernel has the head dim: false, the CUDA-core split-KV kernel (launch_attention); true,
+// launch_attention_prefill with GQA packing. env DS_ATTN_DECODE = simt | tc (default simt);
+// tests may switch it.
+bool attention_decode_tc();
+void set_attention_decode_tc(bool on);
 
 // Per-row parameters of launch_sample, built on the host from a SampleRowSpec.
 struct SampleRowParams {
