@@ -151,18 +151,39 @@ std::vector<int32_t> demo_prompt() {
   return nlohmann::json::parse(ss.str())["sequences"][0]["prompt_ids"].get<std::vector<int32_t>>();
 }
 
+const std::string kDemoModel = "../../models/qwen3_5-demo";  // relative to tests/data
+
+// The demo model's CPU logits on the held-out prompt (fp32; int8 embedding / lm_head tables
+// if asked) and the error of the same model with bf16 activations against them: the bound
+// CUDA logits are judged by. Empty prompt if the reference is missing.
+struct DemoReference {
+  std::vector<int32_t> prompt;
+  std::vector<float> logits;
+  double base = 0;
+};
+DemoReference demo_reference(bool int8_vocab) {
+  DemoReference r;
+  r.prompt = demo_prompt();
+  if (r.prompt.empty()) return r;
+  const int n = static_cast<int>(r.prompt.size());
+  Engine cpu = make_engine(kDemoModel, 4, 64, 16, /*bf16_activations=*/false, int8_vocab);
+  Engine cpu_bf16 = make_engine(kDemoModel, 4, 64, 16, /*bf16_activations=*/true, int8_vocab);
+  r.logits = prefill_logits(cpu, r.prompt, {n});
+  r.base = rel_rms(prefill_logits(cpu_bf16, r.prompt, {n}), r.logits);
+  return r;
+}
+
 // The trained demo model (models/qwen3_5-demo) on a held-out prompt: CUDA logits against the
 // fp32 CPU reference (itself within 1e-5 of transformers), judged like the fixtures against
 // the bf16 baseline; greedy agreement over 32 tokens reported as a figure.
 TEST(CudaDemoModel, LogitsWithinBf16OfReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const std::string model = "../../models/qwen3_5-demo";  // relative to tests/data
   const std::vector<int32_t> prompt = demo_prompt();
   ASSERT_FALSE(prompt.empty());
   const int n = static_cast<int>(prompt.size());
-  Engine cpu = make_engine(model);
-  Engine cpu_bf16 = make_engine(model, 4, 64, 16, /*bf16_activations=*/true);
-  GpuEngine gpu = make_gpu_engine(model);
+  Engine cpu = make_engine(kDemoModel);
+  Engine cpu_bf16 = make_engine(kDemoModel, 4, 64, 16, /*bf16_activations=*/true);
+  GpuEngine gpu = make_gpu_engine(kDemoModel);
   const std::vector<float> ref = prefill_logits(cpu, prompt, {n});
   const double base = rel_rms(prefill_logits(cpu_bf16, prompt, {n}), ref);
   const double err = rel_rms(gpu_prefill(gpu, prompt, n), ref);
@@ -181,23 +202,17 @@ TEST(CudaDemoModel, LogitsWithinBf16OfReference) {
 // heads (DS_ATTN_DECODE=tc), against the CPU reference, judged like the one-piece prefill.
 TEST(CudaDemoModel, TensorCoreDecodeAttentionWithinBf16OfReference) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const std::string model = "../../models/qwen3_5-demo";  // relative to tests/data
-  const std::vector<int32_t> prompt = demo_prompt();
-  ASSERT_FALSE(prompt.empty());
-  const int n = static_cast<int>(prompt.size());
-  Engine cpu = make_engine(model);
-  Engine cpu_bf16 = make_engine(model, 4, 64, 16, /*bf16_activations=*/true);
-  const std::vector<float> ref = prefill_logits(cpu, prompt, {n});
-  const double base = rel_rms(prefill_logits(cpu_bf16, prompt, {n}), ref);
+  const DemoReference ref = demo_reference(/*int8_vocab=*/false);
+  ASSERT_FALSE(ref.prompt.empty());
   const bool before = cuda::attention_decode_tc();
   for (bool tc : {false, true}) {
     cuda::set_attention_decode_tc(tc);
-    GpuEngine gpu = make_gpu_engine(model);
+    GpuEngine gpu = make_gpu_engine(kDemoModel);
     for (int chunk : {1, 7}) {
-      const double err = rel_rms(gpu_prefill(gpu, prompt, chunk), ref);
+      const double err = rel_rms(gpu_prefill(gpu, ref.prompt, chunk), ref.logits);
       std::cout << "[figure] demo decode attention " << (tc ? "tc" : "simt") << " chunk " << chunk << " rel_rms "
-                << err << " cpu_bf16_baseline_rel_rms " << base << "\n";
-      EXPECT_LE(err, 1.5 * base + 1e-3) << (tc ? "tc" : "simt") << " chunk " << chunk;
+                << err << " cpu_bf16_baseline_rel_rms " << ref.base << "\n";
+      EXPECT_LE(err, 1.5 * ref.base + 1e-3) << (tc ? "tc" : "simt") << " chunk " << chunk;
     }
   }
   cuda::set_attention_decode_tc(before);
@@ -207,18 +222,13 @@ TEST(CudaDemoModel, TensorCoreDecodeAttentionWithinBf16OfReference) {
 // reference holding the same int8 tables, judged like the bf16 tables against the bf16 baseline.
 TEST(CudaDemoModel, Int8VocabWithinBf16OfCpuTwin) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-  const std::string model = "../../models/qwen3_5-demo";  // relative to tests/data
-  const std::vector<int32_t> prompt = demo_prompt();
-  ASSERT_FALSE(prompt.empty());
-  const int n = static_cast<int>(prompt.size());
-  Engine cpu = make_engine(model, 4, 64, 16, /*bf16_activations=*/false, /*int8_vocab=*/true);
-  Engine cpu_bf16 = make_engine(model, 4, 64, 16, /*bf16_activations=*/true, /*int8_vocab=*/true);
-  GpuEngine gpu = make_gpu_engine(model, StateDType::kF16, /*int8_vocab=*/true);
-  const std::vector<float> ref = prefill_logits(cpu, prompt, {n});
-  const double base = rel_rms(prefill_logits(cpu_bf16, prompt, {n}), ref);
-  const double err = rel_rms(gpu_prefill(gpu, prompt, n), ref);
-  std::cout << "[figure] demo int8 vocab rel_rms vs CPU twin " << err << " cpu_bf16_baseline_rel_rms " << base << "\n";
-  EXPECT_LE(err, 1.5 * base + 1e-3);
+  const DemoReference ref = demo_reference(/*int8_vocab=*/true);
+  ASSERT_FALSE(ref.prompt.empty());
+  GpuEngine gpu = make_gpu_engine(kDemoModel, StateDType::kF16, /*int8_vocab=*/true);
+  const double err = rel_rms(gpu_prefill(gpu, ref.prompt, static_cast<int>(ref.prompt.size())), ref.logits);
+  std::cout << "[figure] demo int8 vocab rel_rms vs CPU twin " << err << " cpu_bf16_baseline_rel_rms " << ref.base
+            << "\n";
+  EXPECT_LE(err, 1.5 * ref.base + 1e-3);
 }
 
 }  // namespace
