@@ -5,13 +5,30 @@
 # compute-sanitizer), then the benchmarks, and prints a short table last. $OUT gets two files:
 # table.txt and gpu_check_logs.tgz (every log and JSON result).
 #   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
-#   there:  tools/gpu_check.sh [tests|sweep]   (carry .devbuild; default both)
+#           tools/gpu_check.sh --pack-alt REV  (optional: builds commit REV apart, into .devbuild-alt/)
+#   there:  tools/gpu_check.sh [tests|sweep]   (carry .devbuild [and .devbuild-alt]; default both)
 #     tests: the CUDA tests, the decode A/B of the switches and ncu breakdowns; sweep: the full
 #     model sweeps
 # A device command may run 600 s at most: run the serving benchmark (gpu_serve_bench.sh) and
 # the soak (gpu_soak.sh, two calls) as commands of their own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--pack-alt" ]; then
+  # Another commit's binaries (an experiment branch), for the tests phase to run its GEMV tests
+  # and decode benchmark beside this tree's: .devbuild-alt/ with the commit in .devbuild-alt/commit.
+  set -e
+  rev=$(git rev-parse --short "${2:?usage: tools/gpu_check.sh --pack-alt REV}")
+  rm -rf build-alt && mkdir -p build-alt/src
+  git archive "$rev" | tar -x -C build-alt/src
+  cmake -S build-alt/src -B build-alt/build -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
+  cmake --build build-alt/build -j"$(nproc)" --target deltaserve test_cuda_ops
+  rm -rf .devbuild-alt && mkdir -p .devbuild-alt
+  cp build-alt/build/tests/test_cuda_ops build-alt/build/deltaserve .devbuild-alt/
+  echo "$rev" > .devbuild-alt/commit
+  du -sh .devbuild-alt
+  exit 0
+fi
 
 if [ "${1:-}" = "--pack" ]; then
   set -e
@@ -71,6 +88,15 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     env ${vars//,/ } "${BENCH[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 \
       > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
   done
+  # An experiment build (--pack-alt): its GEMV tests and timings, and its decode at 1k.
+  if [ -f .devbuild-alt/commit ]; then
+    alt=$(cat .devbuild-alt/commit)
+    timeout 300 .devbuild-alt/test_cuda_ops --gtest_filter='CudaLinearQuantTest.*' > "$LOG/alt_$alt.log" 2>&1 || {
+      status=1; echo "alt $alt: CudaLinearQuantTest failed" >> "$LOG/failed.txt"; }
+    ALT=(.devbuild-alt/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic)
+    "${ALT[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 > "$LOG/ab_alt_$alt.txt" \
+      2> "$LOG/ab_alt_$alt.log" || status=1
+  fi
   # Decode attention A/B: the split-KV CUDA-core kernel (default) or the tensor-core kernel with
   # the GQA heads packed (DS_ATTN_DECODE=tc), batch 1 and 64 at 1k and 16k, verify 1/8 at 4k.
   for attn in simt tc; do
@@ -131,6 +157,11 @@ echo "== decode A/B (27B shape, W4A16): defaults, then PDL, fused linears, graph
 for f in "$LOG"/ab_*.txt; do
   [ -e "$f" ] || continue
   echo "-- $(basename "$f" .txt | sed 's/^ab_//')"; grep -E "^(decode|verify)" "$f"; tail -1 "${f%.txt}.log"
+done
+for f in "$LOG"/alt_*.log; do
+  [ -e "$f" ] || continue
+  echo "== experiment build $(basename "$f" .log | sed 's/^alt_//'): GEMV tests and step sums =="
+  grep -E "^\[  (PASSED|FAILED)|decode-step linears|int8 lm_head" "$f"
 done
 echo "== kernel time per decode step (Nsight Compute, caches not flushed) =="
 for f in "$LOG"/profile_*.txt; do [ -e "$f" ] && { echo "-- $(basename "$f" .txt)"; cat "$f"; }; done
