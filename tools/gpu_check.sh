@@ -78,7 +78,7 @@ BENCH=(.devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synt
 if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   # Decode A/B, one process per setting NAME[:VAR=VALUE[,VAR=VALUE...]] (the defaults, then each
   # switch off), batch 1, 8 and 64 at 1k. env: DS_AB overrides the list; DS_AB=none skips it.
-  AB="default nopdl:DS_PDL=0 unfused:DS_FUSE_LINEARS=0 nographs:DS_CUDA_GRAPHS=0"
+  AB="default nopdl:DS_PDL=0 unfused:DS_FUSE_LINEARS=0 nographs:DS_CUDA_GRAPHS=0 tok64:DS_W4A16_GEMV_MAX_TOKENS=64"
   AB="${DS_AB:-$AB}"
   [ "$AB" = none ] && AB=""
   for cfg in $AB; do

@@ -107,8 +107,9 @@ W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group) {
   return c;
 }
 
-// Every token count the GEMV takes (one launch, NT 1/2/4, 32-token slices, and 8-token slices),
-// with and without programmatic dependent launch, then the dequantise + cuBLAS path once (T 200).
+// Every token count the GEMV takes (one launch, NT 1/2/4, 32-token slices, 8-token slices, and
+// 64 tokens per launch, NT 8), with and without programmatic dependent launch, then the
+// dequantise + cuBLAS path once (T 200).
 struct GemvRun {
   bool pdl;
   int per_launch;
@@ -119,6 +120,7 @@ std::vector<GemvRun> launches_and_tokens() {
   for (bool pdl : {false, true})
     for (int T : {1, 2, 7, 8, 9, 16, 17, 32, 33, 100}) v.push_back({pdl, 32, T});
   for (int T : {9, 20}) v.push_back({true, 8, T});
+  for (int T : {33, 64, 100}) v.push_back({true, 64, T});  // NT 8
   v.push_back({true, 32, 200});
   return v;
 }

@@ -59,7 +59,7 @@ void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, u
 // > 1, partial is scratch f32 [splits, T, N] and counters i32 [kGemvMaxSplitTiles], zero before
 // the first launch and left zero by each (one stream at a time).
 constexpr int kGemvMaxSplitTiles = 4096;
-constexpr int kW4A16GemvMaxTokens = 32;  // the kernel's limit per launch (NT 4)
+constexpr int kW4A16GemvMaxTokens = 64;  // the kernel's limit per launch (NT 8)
 constexpr int kInt8GemvMaxTokens = 64;
 constexpr int kGemvMaxParts = 4;
 
@@ -92,6 +92,8 @@ bool pdl_enabled();
 void set_pdl_enabled(bool on);
 // Tokens per W4A16 GEMV launch (longer steps up to 128 tokens run it in slices; 0: always
 // dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 32).
+// (64 measured slower at C64 in the fourth session, but together with the gated input, which
+// recomputed its activation per token tile: to be measured again.)
 int w4a16_gemv_tokens();
 void set_w4a16_gemv_tokens(int n);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.

@@ -8,7 +8,7 @@
 //     q + 8), so `(word >> 4r) & 0x000F000F` is A register r as a pair. One warp reads 512
 //     contiguous bytes per chunk. Rows past N hold q = 0.
 //   tiled scales f32 [NB, K/group, 8, 2]: (row 16rb + g, row 16rb + g + 8), 0 past N.
-// Small T (decode, verify; up to 32 per launch) runs the tensor-core GEMV of qgemv_kernel.cuh,
+// Small T (decode, verify; up to 64 per launch) runs the tensor-core GEMV of qgemv_kernel.cuh,
 // streaming the weights once for all tokens; large T (prefill) dequantises to a bf16 matrix for
 // cuBLAS.
 #include <algorithm>
@@ -125,7 +125,7 @@ namespace {
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
-  return std::clamp(env ? std::atoi(env) : kW4A16GemvMaxTokens, 0, kW4A16GemvMaxTokens);
+  return std::clamp(env ? std::atoi(env) : 32, 0, kW4A16GemvMaxTokens);
 }();
 
 // A GEMV instance: NT token tiles of 8, U chunks in flight per warp.
@@ -139,7 +139,10 @@ struct Kernel {
 // (measured on the H200: docs/perf/2026-11-29-s4-cuda-27b.md).
 template <class F>
 auto with_kernel(int T, F&& f) {
-  return T <= 8 ? f(Kernel<1, 8>{}) : T <= 16 ? f(Kernel<2, 4>{}) : f(Kernel<4, 4>{});
+  return T <= 8    ? f(Kernel<1, 8>{})
+         : T <= 16 ? f(Kernel<2, 4>{})
+         : T <= 32 ? f(Kernel<4, 4>{})
+                   : f(Kernel<8, 4>{});
 }
 
 }  // namespace
