@@ -21,6 +21,19 @@ __device__ __forceinline__ float window_at(const bf16* mixed, const bf16* state_
   return to_f32(mixed[int64_t(t0 + j - R) * C + c]);
 }
 
+// Sequence s of a step: its new tokens [t0, t0 + T) and its conv state, R = K - 1 rows in slot
+// slots[s] (read as zeros for a fresh sequence, n_past 0).
+struct ConvSeq {
+  int t0, T, R;
+  bf16* state;
+  bool fresh;
+};
+__device__ __forceinline__ ConvSeq conv_seq(int s, bf16* state, const int32_t* cu_seqlens, const int32_t* n_past,
+                                            const int32_t* slots, int C, int K) {
+  const int t0 = cu_seqlens[s], R = K - 1;
+  return {t0, cu_seqlens[s + 1] - t0, R, state + int64_t(slots[s]) * R * C, n_past[s] == 0};
+}
+
 // grid (T, ceil(C / blockDim)): one thread per (token, channel)
 __global__ void conv1d_silu_kernel(const bf16* mixed, const float* w, const bf16* state, bf16* out,
                                    const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
@@ -45,13 +58,11 @@ __global__ void conv1d_state_kernel(const bf16* mixed, bf16* state, const int32_
                                     const int32_t* slots, int C, int K) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
-  const int s = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0, R = K - 1;
-  if (c >= C || T == 0) return;
-  bf16* state_s = state + int64_t(slots[s]) * R * C;
-  const bool fresh = n_past[s] == 0;
-  for (int j = 0; j < R; ++j) state_s[int64_t(j) * C + c] = to_bf16(window_at(mixed, state_s, fresh, t0, R, T + j, c, C));
+  const ConvSeq q = conv_seq(blockIdx.x, state, cu_seqlens, n_past, slots, C, K);
+  if (c >= C || q.T == 0) return;
+  for (int j = 0; j < q.R; ++j)
+    q.state[int64_t(j) * C + c] = to_bf16(window_at(mixed, q.state, q.fresh, q.t0, q.R, q.T + j, c, C));
 }
 
 constexpr int kMaxShortK = 8;  // kernel widths the one-kernel path holds in registers
@@ -63,22 +74,19 @@ __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* sta
                                     int K) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
-  const int s = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0, R = K - 1;
-  if (c >= C || T == 0) return;
-  bf16* state_s = state + int64_t(slots[s]) * R * C;
-  const bool fresh = n_past[s] == 0;
+  const ConvSeq q = conv_seq(blockIdx.x, state, cu_seqlens, n_past, slots, C, K);
+  if (c >= C || q.T == 0) return;
   float win[kMaxShortK], wk[kMaxShortK];
 #pragma unroll
   for (int j = 0; j < kMaxShortK; ++j) {
     wk[j] = j < K ? w[int64_t(c) * K + j] : 0.f;
-    win[j] = j < R && !fresh ? to_f32(state_s[int64_t(j) * C + c]) : 0.f;
+    win[j] = j < q.R && !q.fresh ? to_f32(q.state[int64_t(j) * C + c]) : 0.f;
   }
-  for (int t = t0; t < t0 + T; ++t) {
+  for (int t = q.t0; t < q.t0 + q.T; ++t) {
 #pragma unroll
     for (int j = 0; j < kMaxShortK; ++j)
-      if (j == R) win[j] = to_f32(mixed[int64_t(t) * C + c]);
+      if (j == q.R) win[j] = to_f32(mixed[int64_t(t) * C + c]);
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxShortK; ++j)
@@ -86,11 +94,11 @@ __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* sta
     out[int64_t(t) * C + c] = to_bf16(silu_f(acc));
 #pragma unroll
     for (int j = 0; j + 1 < kMaxShortK; ++j)
-      if (j < R) win[j] = win[j + 1];
+      if (j < q.R) win[j] = win[j + 1];
   }
 #pragma unroll
   for (int j = 0; j < kMaxShortK; ++j)
-    if (j < R) state_s[int64_t(j) * C + c] = to_bf16(win[j]);
+    if (j < q.R) q.state[int64_t(j) * C + c] = to_bf16(win[j]);
 }
 
 }  // namespace
