@@ -5,7 +5,8 @@
 # compute-sanitizer), then the benchmarks, and prints a short table last. $OUT gets two files:
 # table.txt and gpu_check_logs.tgz (every log and JSON result).
 #   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
-#           tools/gpu_check.sh --pack-alt REV  (optional: builds commit REV apart, into .devbuild-alt/)
+#           tools/gpu_check.sh --pack-alt REV  (optional, repeatable: builds commit REV apart, into
+#                                               .devbuild-alt/REV/)
 #   there:  tools/gpu_check.sh [tests|sweep]   (carry .devbuild [and .devbuild-alt]; default both)
 #     tests: the CUDA tests, the decode A/B of the switches and ncu breakdowns; sweep: the full
 #     model sweeps
@@ -16,17 +17,18 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--pack-alt" ]; then
   # Another commit's binaries (an experiment branch), for the tests phase to run its GEMV tests
-  # and decode benchmark beside this tree's: .devbuild-alt/ with the commit in .devbuild-alt/commit.
+  # and decode benchmark beside this tree's: .devbuild-alt/REV/. build-alt/ keeps the build
+  # tree between packs, so a second commit rebuilds only what differs.
   set -e
   rev=$(git rev-parse --short "${2:?usage: tools/gpu_check.sh --pack-alt REV}")
-  rm -rf build-alt && mkdir -p build-alt/src
+  mkdir -p build-alt/src
+  find build-alt/src -mindepth 1 -maxdepth 1 -exec rm -rf {} +
   git archive "$rev" | tar -x -C build-alt/src
   cmake -S build-alt/src -B build-alt/build -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
   cmake --build build-alt/build -j"$(nproc)" --target deltaserve test_cuda_ops
-  rm -rf .devbuild-alt && mkdir -p .devbuild-alt
-  cp build-alt/build/tests/test_cuda_ops build-alt/build/deltaserve .devbuild-alt/
-  echo "$rev" > .devbuild-alt/commit
-  du -sh .devbuild-alt
+  rm -rf ".devbuild-alt/$rev" && mkdir -p ".devbuild-alt/$rev"
+  cp build-alt/build/tests/test_cuda_ops build-alt/build/deltaserve ".devbuild-alt/$rev/"
+  du -sh .devbuild-alt/*
   exit 0
 fi
 
@@ -88,15 +90,25 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     env ${vars//,/ } "${BENCH[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 \
       > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
   done
-  # An experiment build (--pack-alt): its GEMV tests and timings, and its decode at 1k.
-  if [ -f .devbuild-alt/commit ]; then
-    alt=$(cat .devbuild-alt/commit)
-    timeout 300 .devbuild-alt/test_cuda_ops --gtest_filter='CudaLinearQuantTest.*' > "$LOG/alt_$alt.log" 2>&1 || {
+  # Experiment builds (--pack-alt): their GEMV tests and timings, their decode at 1k (once per
+  # setting in DS_ALT_AB, NAME:VAR=VALUE[,...], default one run), and the SASS of their GEMVs.
+  for dir in .devbuild-alt/*/; do
+    [ -x "$dir/deltaserve" ] || continue
+    alt=$(basename "$dir")
+    timeout 300 "$dir/test_cuda_ops" --gtest_filter='CudaLinearQuantTest.*' > "$LOG/alt_$alt.log" 2>&1 || {
       status=1; echo "alt $alt: CudaLinearQuantTest failed" >> "$LOG/failed.txt"; }
-    ALT=(.devbuild-alt/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic)
-    "${ALT[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 > "$LOG/ab_alt_$alt.txt" \
-      2> "$LOG/ab_alt_$alt.log" || status=1
-  fi
+    for cfg in ${DS_ALT_AB:-default}; do
+      name=${cfg%%:*}; vars=""
+      [ "$name" != "$cfg" ] && vars=${cfg#*:}
+      # shellcheck disable=SC2086
+      env ${vars//,/ } "$dir/deltaserve" bench model --config configs/qwen3.8-27b.json --synthetic --w4a16 \
+        --batches 1,8,64 --contexts 1024 --verify 1,8 --prefill 0 > "$LOG/ab_alt_${alt}_$name.txt" \
+        2> "$LOG/ab_alt_${alt}_$name.log" || status=1
+    done
+    CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
+    [ -n "$CUOBJDUMP" ] && "$CUOBJDUMP" -sass "$dir/deltaserve" 2>/dev/null \
+      | awk '/Function : /{keep = /qgemv/} keep' > "$LOG/sass_qgemv_$alt.txt"
+  done
   # Decode attention A/B: the split-KV CUDA-core kernel (default) or the tensor-core kernel with
   # the GQA heads packed (DS_ATTN_DECODE=tc), batch 1 and 64 at 1k and 16k, verify 1/8 at 4k.
   for attn in simt tc; do
