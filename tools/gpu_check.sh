@@ -17,17 +17,16 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--pack-alt" ]; then
   # Another commit's binaries (an experiment branch), for the tests phase to run its GEMV tests
-  # and decode benchmark beside this tree's: .devbuild-alt/REV/. build-alt/ keeps the build
-  # tree between packs, so a second commit rebuilds only what differs.
+  # and decode benchmark beside this tree's: .devbuild-alt/REV/, built in build-alt/REV/ (a tree
+  # per commit: git archive gives files the commit's time, which ninja would not see as newer).
   set -e
   rev=$(git rev-parse --short "${2:?usage: tools/gpu_check.sh --pack-alt REV}")
-  mkdir -p build-alt/src
-  find build-alt/src -mindepth 1 -maxdepth 1 -exec rm -rf {} +
-  git archive "$rev" | tar -x -C build-alt/src
-  cmake -S build-alt/src -B build-alt/build -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
-  cmake --build build-alt/build -j"$(nproc)" --target deltaserve test_cuda_ops
+  rm -rf "build-alt/$rev" && mkdir -p "build-alt/$rev/src"
+  git archive "$rev" | tar -x -C "build-alt/$rev/src"
+  cmake -S "build-alt/$rev/src" -B "build-alt/$rev/build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
+  cmake --build "build-alt/$rev/build" -j"$(nproc)" --target deltaserve test_cuda_ops
   rm -rf ".devbuild-alt/$rev" && mkdir -p ".devbuild-alt/$rev"
-  cp build-alt/build/tests/test_cuda_ops build-alt/build/deltaserve ".devbuild-alt/$rev/"
+  cp "build-alt/$rev/build/tests/test_cuda_ops" "build-alt/$rev/build/deltaserve" ".devbuild-alt/$rev/"
   du -sh .devbuild-alt/*
   exit 0
 fi
@@ -54,6 +53,8 @@ SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanit
 
 PHASE="${1:-all}"
 status=0
+# env DS_DEADLINE=S: no benchmark starts after S seconds (the table still gets written).
+over() { [ "$SECONDS" -ge "${DS_DEADLINE:-1000000}" ] && echo "skipped after ${SECONDS}s: $*" >> "$LOG/skipped.txt"; }
 run_tests() {  # BINARY: each test in its own process, its log appended to $LOG/BINARY.log
   local bin=$1 t f rc
   : > "$LOG/$bin.log"
@@ -84,6 +85,7 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   AB="${DS_AB:-$AB}"
   [ "$AB" = none ] && AB=""
   for cfg in $AB; do
+    over "ab $cfg" && continue
     name=${cfg%%:*}; vars=""
     [ "$name" != "$cfg" ] && vars=${cfg#*:}
     # shellcheck disable=SC2086
@@ -91,13 +93,17 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
       > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
   done
   # Experiment builds (--pack-alt): their GEMV tests and timings, their decode at 1k (once per
-  # setting in DS_ALT_AB, NAME:VAR=VALUE[,...], default one run), and the SASS of their GEMVs.
+  # setting in DS_ALT_AB_<REV>, else DS_ALT_AB, NAME:VAR=VALUE[,...], default one run), and the
+  # SASS of their GEMVs.
   for dir in .devbuild-alt/*/; do
     [ -x "$dir/deltaserve" ] || continue
     alt=$(basename "$dir")
+    over "alt $alt" && continue
+    settings="DS_ALT_AB_$alt"
     timeout 300 "$dir/test_cuda_ops" --gtest_filter='CudaLinearQuantTest.*' > "$LOG/alt_$alt.log" 2>&1 || {
       status=1; echo "alt $alt: CudaLinearQuantTest failed" >> "$LOG/failed.txt"; }
-    for cfg in ${DS_ALT_AB:-default}; do
+    for cfg in ${!settings:-${DS_ALT_AB:-default}}; do
+      over "alt $alt $cfg" && continue
       name=${cfg%%:*}; vars=""
       [ "$name" != "$cfg" ] && vars=${cfg#*:}
       # shellcheck disable=SC2086
@@ -112,6 +118,7 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   # Decode attention A/B: the split-KV CUDA-core kernel (default) or the tensor-core kernel with
   # the GQA heads packed (DS_ATTN_DECODE=tc), batch 1 and 64 at 1k and 16k, verify 1/8 at 4k.
   for attn in simt tc; do
+    over "attention $attn" && continue
     DS_ATTN_DECODE=$attn "${BENCH[@]}" --w4a16 --batches 1,64 --contexts 1024,16384 --verify 1,8 --prefill 0 \
       > "$LOG/ab_attn_$attn.txt" 2> "$LOG/ab_attn_$attn.log" || status=1
   done
@@ -119,13 +126,14 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   # with the full sections of its first GEMVs). env: DS_PROFILES overrides the list.
   detail=1
   for p in ${DS_PROFILES:-b1:1:1024 b1_16k:1:16384 b64:64:1024}; do
+    over "profile $p" && continue
     IFS=: read -r tag batch ctx <<< "$p"
     OUT="$LOG" DS_PROFILE_DETAIL=$detail DS_PROFILE_TAG=$tag DS_PROFILE_ARGS="--w4a16 --batches $batch --contexts $ctx" \
       tools/gpu_profile.sh > "$LOG/profile_$tag.txt" 2>&1
     detail=0
   done
 fi
-if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != tests ]; then
+if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != tests ] && ! over sweep; then
   "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384,51200 --json "$LOG/bench_model_w4a16.jsonl" \
     > "$LOG/bench_model_w4a16.txt" 2> "$LOG/bench_model_w4a16.log" || status=1
   if [ "${DS_BENCH:-all}" != w4a16 ]; then
@@ -175,6 +183,7 @@ for f in "$LOG"/alt_*.log; do
   echo "== experiment build $(basename "$f" .log | sed 's/^alt_//'): GEMV tests and step sums =="
   grep -E "^\[  (PASSED|FAILED)|decode-step linears|int8 lm_head" "$f"
 done
+[ -f "$LOG/skipped.txt" ] && { echo "== skipped (DS_DEADLINE) =="; cat "$LOG/skipped.txt"; }
 echo "== kernel time per decode step (Nsight Compute, caches not flushed) =="
 for f in "$LOG"/profile_*.txt; do [ -e "$f" ] && { echo "-- $(basename "$f" .txt)"; cat "$f"; }; done
 echo "== bench model (27B shape, W4A16 linears, synthetic) =="
