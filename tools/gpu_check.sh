@@ -7,6 +7,7 @@
 #   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
 #           tools/gpu_check.sh --pack-alt REV  (optional, repeatable: builds commit REV apart, into
 #                                               .devbuild-alt/REV/)
+#           tools/gpu_check.sh --tar           (optional: both in .devpack.tar.xz, to carry instead)
 #   there:  tools/gpu_check.sh [tests|sweep]   (carry .devbuild [and .devbuild-alt]; default both)
 #     tests: the CUDA tests, the decode A/B of the switches and ncu breakdowns; sweep: the full
 #     model sweeps
@@ -31,6 +32,14 @@ if [ "${1:-}" = "--pack-alt" ]; then
   exit 0
 fi
 
+if [ "${1:-}" = "--tar" ]; then
+  # The packed builds in one compressed file, to carry when the repository, .devbuild and
+  # .devbuild-alt together exceed the device's 64 MiB carry limit; unpacked there on start.
+  tar cJf .devpack.tar.xz .devbuild $([ -d .devbuild-alt ] && echo .devbuild-alt)
+  ls -la .devpack.tar.xz
+  exit 0
+fi
+
 if [ "${1:-}" = "--pack" ]; then
   set -e
   tools/build.sh
@@ -44,6 +53,7 @@ if [ "${1:-}" = "--pack" ]; then
   exit 0
 fi
 
+[ -f .devpack.tar.xz ] && [ ! -d .devbuild ] && tar xJf .devpack.tar.xz
 OUT="${OUT:-/tmp/gpu_check}"
 LOG=/tmp/gpu_check_logs  # everything, packed into $OUT at the end (few files come back)
 rm -rf "$LOG" && mkdir -p "$OUT" "$LOG/tests"
