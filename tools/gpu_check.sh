@@ -125,8 +125,8 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     [ -n "$CUOBJDUMP" ] && "$CUOBJDUMP" -sass "$dir/deltaserve" 2>/dev/null \
       | awk '/Function : /{keep = /qgemv/} keep' > "$LOG/sass_qgemv_$alt.txt"
   done
-  # Decode attention A/B: the split-KV CUDA-core kernel (default) or the tensor-core kernel with
-  # the GQA heads packed (DS_ATTN_DECODE=tc), batch 1 and 64 at 1k and 16k, verify 1/8 at 4k.
+  # Decode attention A/B: the split-KV CUDA-core kernel (DS_ATTN_DECODE=simt) or the tensor-core
+  # kernel with the GQA heads packed (default), batch 1 and 64 at 1k and 16k, verify 1/8 at 4k.
   for attn in simt tc; do
     over "attention $attn" && continue
     DS_ATTN_DECODE=$attn "${BENCH[@]}" --w4a16 --batches 1,64 --contexts 1024,16384 --verify 1,8 --prefill 0 \

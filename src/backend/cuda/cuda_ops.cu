@@ -648,9 +648,9 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
                          impl_->block_tables, table_width_, T, nKV, hd, geo_.block_size, impl_->stream);
   // Sequences with more than kDecodeChunk new tokens take the tensor-core kernel, a CTA per query
   // head, when it has this head dim; the others take, over the token range holding them (the
-  // scheduler puts decodes first, so in mixed steps that range is short), the split-KV CUDA-core
-  // kernel, or with DS_ATTN_DECODE=tc the tensor-core kernel with each KV head's query heads
-  // packed into its rows.
+  // scheduler puts decodes first, so in mixed steps that range is short), the tensor-core kernel
+  // with each KV head's query heads packed into its rows, or with DS_ATTN_DECODE=simt the
+  // split-KV CUDA-core kernel.
   constexpr int kDecodeChunk = 16;
   constexpr int kPrefillSplitKeys = 512, kDecodeSplitKeys = 128;  // least keys per split
   const bool tc = cuda::attention_prefill_supported(hd);

@@ -32,7 +32,7 @@ bool g_pdl = [] {
 }();
 bool g_attention_decode_tc = [] {
   const char* env = std::getenv("DS_ATTN_DECODE");
-  const std::string v = env ? env : "simt";
+  const std::string v = env ? env : "tc";
   if (v != "simt" && v != "tc") DS_FATAL("DS_ATTN_DECODE must be simt or tc, not '%s'", v.c_str());
   return v == "tc";
 }();

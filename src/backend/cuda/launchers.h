@@ -223,9 +223,9 @@ void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_
                               int min_len, int max_len, int pack, int nH, int nKV, int hd, int block_size,
                               float scale, cudaStream_t s);
 // Which kernel takes the sequences of at most 16 new tokens (decode, verify) where the tensor-
-// core kernel has the head dim: false, the CUDA-core split-KV kernel (launch_attention); true,
-// launch_attention_prefill with GQA packing. env DS_ATTN_DECODE = simt | tc (default simt);
-// tests may switch it.
+// core kernel has the head dim: true (default), launch_attention_prefill with GQA packing; false,
+// the CUDA-core split-KV kernel (launch_attention). env DS_ATTN_DECODE = tc | simt; tests may
+// switch it. (tc measured faster at every shape on the H200: docs/perf/2026-11-29-s5-cuda-27b.md.)
 bool attention_decode_tc();
 void set_attention_decode_tc(bool on);
 
