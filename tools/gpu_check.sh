@@ -102,6 +102,10 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     env ${vars//,/ } "${BENCH[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 \
       > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
   done
+  # The SASS of this build's GEMVs (instruction counts of their loops: read with any script).
+  CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
+  [ -n "$CUOBJDUMP" ] && "$CUOBJDUMP" -sass .devbuild/deltaserve 2>/dev/null \
+    | awk '/Function : /{keep = /qgemv/} keep' > "$LOG/sass_qgemv.txt"
   # Experiment builds (--pack-alt): their GEMV tests and timings, their decode at 1k (once per
   # setting in DS_ALT_AB_<REV>, else DS_ALT_AB, NAME:VAR=VALUE[,...], default one run), and the
   # SASS of their GEMVs.
@@ -121,7 +125,6 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
         --batches 1,8,64 --contexts 1024 --verify 1,8 --prefill 0 > "$LOG/ab_alt_${alt}_$name.txt" \
         2> "$LOG/ab_alt_${alt}_$name.log" || status=1
     done
-    CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
     [ -n "$CUOBJDUMP" ] && "$CUOBJDUMP" -sass "$dir/deltaserve" 2>/dev/null \
       | awk '/Function : /{keep = /qgemv/} keep' > "$LOG/sass_qgemv_$alt.txt"
   done

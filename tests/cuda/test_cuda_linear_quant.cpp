@@ -34,9 +34,11 @@ constexpr double kCopyGbps = 4260;  // H200 device copy bandwidth measured here 
 struct GemvSettingsRestored {
   bool pdl = cuda::pdl_enabled();
   int tokens = cuda::w4a16_gemv_tokens();
+  bool tma = cuda::w4a16_gemv_tma();
   ~GemvSettingsRestored() {
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
+    cuda::set_w4a16_gemv_tma(tma);
   }
 };
 
@@ -145,16 +147,19 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor xg = gpu->upload(x.data(), DType::kF32, {T, sh.K}, DType::kBF16);
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
-      gpu->linear_weight(xg, c.gpu_w, og);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      const std::vector<float> got = download(og);
-      const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
-                               std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
-                               " per launch " + std::to_string(run.per_launch);
-      EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
-      if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
-        gpu->linear_quantized(xg, c.gpu_w, og);
-        EXPECT_EQ(download(og), got) << what << " repeated";
+      for (bool tma : {true, false}) {  // both GEMV kernels
+        cuda::set_w4a16_gemv_tma(tma);
+        gpu->linear_weight(xg, c.gpu_w, og);
+        const std::vector<float> got = download(og);
+        const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
+                                 std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
+                                 " per launch " + std::to_string(run.per_launch) + (tma ? " tma" : " regs");
+        EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
+        if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
+          gpu->linear_quantized(xg, c.gpu_w, og);
+          EXPECT_EQ(download(og), got) << what << " repeated";
+        }
       }
       gpu->reset_scratch();
       cpu.reset_scratch();
@@ -165,6 +170,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
 // A fused W4A16 weight (Ops::linear_parts): one GEMV writes parts whose widths are not
 // multiples of the 16-row tiles, in one launch, sliced steps and the cuBLAS path.
 TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
+  const GemvSettingsRestored restore;
   for (const std::vector<int>& widths : std::vector<std::vector<int>>{{5, 37, 22}, {100, 3}, {16, 16, 16, 9}}) {
     int N = 0;
     for (int w : widths) N += w;
@@ -179,13 +185,16 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
       cpu.linear(xc, w_cpu, oc);
       std::vector<Tensor> parts;
       for (int w : widths) parts.push_back(gpu->scratch(DType::kBF16, {T, w}));
-      gpu->linear_parts(xg, c.gpu_w, parts);
-      for (size_t p = 0, r0 = 0; p < parts.size(); r0 += widths[p], ++p) {
-        std::vector<float> ref;
-        for (int t = 0; t < T; ++t)
-          ref.insert(ref.end(), oc.f32() + size_t(t) * N + r0, oc.f32() + size_t(t) * N + r0 + widths[p]);
-        EXPECT_LE(rel_rms(download(parts[p]), ref), 5e-3)
-            << "part " << p << " of " << widths.size() << ", N " << N << ", T " << T;
+      for (bool tma : {true, false}) {  // both GEMV kernels
+        cuda::set_w4a16_gemv_tma(tma);
+        gpu->linear_parts(xg, c.gpu_w, parts);
+        for (size_t p = 0, r0 = 0; p < parts.size(); r0 += widths[p], ++p) {
+          std::vector<float> ref;
+          for (int t = 0; t < T; ++t)
+            ref.insert(ref.end(), oc.f32() + size_t(t) * N + r0, oc.f32() + size_t(t) * N + r0 + widths[p]);
+          EXPECT_LE(rel_rms(download(parts[p]), ref), 5e-3)
+              << "part " << p << " of " << widths.size() << ", N " << N << ", T " << T << (tma ? " tma" : " regs");
+        }
       }
       gpu->reset_scratch();
       cpu.reset_scratch();
@@ -289,10 +298,11 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
       {"mlp down", 5120, 17408, 64, 3}};
   struct Config {
-    bool pdl;
+    bool pdl, tma;
     const char* name;
   };
-  const std::vector<Config> loops = {{false, "plain"}, {true, "pdl"}};
+  const std::vector<Config> loops = {
+      {false, false, "regs plain"}, {true, false, "regs pdl"}, {false, true, "tma plain"}, {true, true, "tma pdl"}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -315,8 +325,10 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
         if (l.layout & (1 << f)) step_bytes[f] += bytes * l.per_step;
       for (size_t li = 0; li < loops.size(); ++li) {
         cuda::set_pdl_enabled(loops[li].pdl);
+        cuda::set_w4a16_gemv_tma(loops[li].tma);
         for (int T : {1, 8, 16, 17, 64, 512}) {
-          if (T > 16 && (li > 0 || std::string(l.name) != "mlp gate/up")) continue;  // longer steps: one shape
+          // Longer steps: one shape, PDL on.
+          if (T > 16 && (!loops[li].pdl || std::string(l.name) != "mlp gate/up")) continue;
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

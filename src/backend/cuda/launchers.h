@@ -96,6 +96,10 @@ void set_pdl_enabled(bool on);
 // recomputed its activation per token tile: to be measured again.)
 int w4a16_gemv_tokens();
 void set_w4a16_gemv_tokens(int n);
+// Which W4A16 GEMV kernel: true (default), the one fed by the copy unit (qgemv_tma.cuh); false,
+// the register one (qgemv_kernel.cuh). env DS_W4A16_GEMV = tma | regs; tests may switch it.
+bool w4a16_gemv_tma();
+void set_w4a16_gemv_tma(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();

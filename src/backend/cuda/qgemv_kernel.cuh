@@ -63,7 +63,7 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
 // Nibbles at bits 0-3 and 16-19 of t (stored q + 8) -> bf16x2 (q_lo, q_hi), exact:
 // 0x4300 | n is the bf16 128 + n, minus 136.
 __device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t t) {
-  return bf16x2_sub((t & 0x000F000Fu) | 0x43004300u, 0x43084308u);
+  return bf16x2_sub(and_or<0x000F000Fu>(t, 0x43004300u), 0x43084308u);
 }
 
 // Signed bytes at bits 0-7 and 16-23 of t -> bf16x2, exact: (128 + low 7 bits) - (128 or 256

@@ -8,16 +8,18 @@
 //     q + 8), so `(word >> 4r) & 0x000F000F` is A register r as a pair. One warp reads 512
 //     contiguous bytes per chunk. Rows past N hold q = 0.
 //   tiled scales f32 [NB, K/group, 8, 2]: (row 16rb + g, row 16rb + g + 8), 0 past N.
-// Small T (decode, verify; up to 64 per launch) runs the tensor-core GEMV of qgemv_kernel.cuh,
-// streaming the weights once for all tokens; large T (prefill) dequantises to a bf16 matrix for
-// cuBLAS.
+// Small T (decode, verify; up to 64 per launch) runs a tensor-core GEMV streaming the weights
+// once for all tokens, fed by the copy unit (qgemv_tma.cuh) or, with DS_W4A16_GEMV=regs, through
+// registers (qgemv_kernel.cuh); large T (prefill) dequantises to a bf16 matrix for cuBLAS.
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/qgemv_kernel.cuh"
+#include "backend/cuda/qgemv_tma.cuh"
 
 namespace ds::cuda {
 
@@ -123,15 +125,23 @@ void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* 
 
 namespace {
 
+bool g_tma = [] {
+  const char* env = std::getenv("DS_W4A16_GEMV");
+  const std::string v = env ? env : "tma";
+  if (v != "tma" && v != "regs") DS_FATAL("DS_W4A16_GEMV must be tma or regs, not '%s'", v.c_str());
+  return v == "tma";
+}();
+
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
   return std::clamp(env ? std::atoi(env) : 32, 0, kW4A16GemvMaxTokens);
 }();
 
-// A GEMV instance: NT token tiles of 8, U chunks in flight per warp.
+// A GEMV instance: NT token tiles of 8, U chunks in flight per warp (register kernel); the TMA
+// kernel caps registers for 3 blocks an SM (its shared memory allows 3) at one tile.
 template <int NT_, int U_>
 struct Kernel {
-  static constexpr int NT = NT_, U = U_;
+  static constexpr int NT = NT_, U = U_, TmaMinBlocks = NT_ == 1 ? 3 : 0;
 };
 
 // f(Kernel<NT, U>) for the kernel that serves T <= 8 NT tokens: U = 8 chunks in flight per warp
@@ -157,10 +167,14 @@ int w4a16_gemv_step_tokens() {
 int w4a16_gemv_tokens() { return g_tokens; }
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
+bool w4a16_gemv_tma() { return g_tma; }
+void set_w4a16_gemv_tma(bool on) { g_tma = on; }
+
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
-    return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
+    return g_tma ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks>()
+                 : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
@@ -170,12 +184,17 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
-  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "W4A16 GEMV: x must be 16-byte aligned");
+  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(tiled) % 16 == 0 &&
+                reinterpret_cast<uintptr_t>(tiled_scales) % 16 == 0,
+            "W4A16 GEMV: x, weight and scales must be 16-byte aligned");
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
-    qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
+    if (g_tma)
+      qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks>(w, x, parts, partial, counters, splits, T, N, K, s);
+    else
+      qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
   });
 }
 
