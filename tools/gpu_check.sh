@@ -130,7 +130,9 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   done
   # Decode attention A/B: the split-KV CUDA-core kernel (DS_ATTN_DECODE=simt) or the tensor-core
   # kernel with the GQA heads packed (default), batch 1 and 64 at 1k and 16k, verify 1/8 at 4k.
-  for attn in simt tc; do
+  # env DS_ATTN_AB overrides the list (none: skipped).
+  for attn in ${DS_ATTN_AB:-simt tc}; do
+    [ "$attn" = none ] && continue
     over "attention $attn" && continue
     DS_ATTN_DECODE=$attn "${BENCH[@]}" --w4a16 --batches 1,64 --contexts 1024,16384 --verify 1,8 --prefill 0 \
       > "$LOG/ab_attn_$attn.txt" 2> "$LOG/ab_attn_$attn.log" || status=1
