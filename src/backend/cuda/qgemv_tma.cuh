@@ -26,17 +26,72 @@ struct TmaWarpRing {
 };
 constexpr size_t kTmaSmemBytes = sizeof(TmaWarpRing) * kWarps;
 
+// Chunks [c_begin, c_end) of this block's split, in whole stages: every stage but a warp's last
+// starts at a multiple of kStageChunks, so chunk u of a stage has its scales at group (u >> shift)
+// of the stage's copy (groups are powers of two of at least one chunk).
+__device__ __forceinline__ void stage_split_range(int K, int& c_begin, int& c_end) {
+  const int n_chunks = K / kChunk, units = (n_chunks + kStageChunks - 1) / kStageChunks;
+  c_begin = min(n_chunks, static_cast<int>(int64_t(blockIdx.y) * units / gridDim.y) * kStageChunks);
+  c_end = min(n_chunks, static_cast<int>(int64_t(blockIdx.y + 1) * units / gridDim.y) * kStageChunks);
+}
+
+// acc += V chunks of a stage (from chunk u0 of ring slot `slot`), their k-steps interleaved so the
+// V accumulator chains of the tensor cores overlap. xs[nt]: the lane's input columns of the
+// stage's first chunk in the row of its token of tile nt; soff: the stage's scale offset of
+// chunk u (u >> shift groups of 8).
+template <int NT, int V>
+__device__ __forceinline__ void stage_chunks(const W4Tiled& w, const TmaWarpRing& ring, int slot, int u0, int lane,
+                                             const __nv_bfloat16* const (&xs)[NT], const int (&soff)[kStageChunks],
+                                             float (&acc)[NT][4]) {
+  uint4 wv[V];
+  float2 sv[V];
+  uint4 xv[V][NT][2];  // columns [8h, 8h + 8) of the lane's 16 of chunk u0 + v
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        xv[v][nt][h] = __ldg(reinterpret_cast<const uint4*>(xs[nt] + (u0 + v) * kChunk + 8 * h));
+    wv[v] = ring.w[slot][(u0 + v) * 32 + lane];
+    sv[v] = ring.s[slot][soff[u0 + v] + lane / 4];
+  }
+  float p[V][NT][4] = {};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)  // k-step j: columns 4j.. of the lane's x words (h = j / 2)
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      uint32_t a[4];
+      const uint32_t word = word_of(wv[v], j);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) a[r] = nibbles_to_bf16x2(word >> (4 * r));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        mma_bf16(p[v][nt], a, word_of(xv[v][nt][j / 2], 2 * (j % 2)), word_of(xv[v][nt][j / 2], 2 * (j % 2) + 1));
+    }
+#pragma unroll
+  for (int v = 0; v < V; ++v)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      acc[nt][0] += sv[v].x * p[v][nt][0];
+      acc[nt][1] += sv[v].x * p[v][nt][1];
+      acc[nt][2] += sv[v].y * p[v][nt][2];
+      acc[nt][3] += sv[v].y * p[v][nt][3];
+    }
+}
+
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel.
 template <int NT, int MinBlocks>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
                      int* __restrict__ counters, int T, int N, int K) {
+  constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   TmaWarpRing& ring = reinterpret_cast<TmaWarpRing*>(smem_raw)[warp];
   const int rb = blockIdx.x * kWarps + warp;
   int c_begin, c_end;
-  split_range(K, c_begin, c_end);
+  stage_split_range(K, c_begin, c_end);
   const int n_stages = rb * 16 < N ? (c_end - c_begin + kStageChunks - 1) / kStageChunks : 0;
   const uint4* block_q = w.q + int64_t(rb) * w.n_chunks * 32;
   const float2* block_s = w.scales + int64_t(rb) * w.n_groups * 8;
@@ -58,22 +113,31 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
 
+  // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
+  const __nv_bfloat16* xs[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+    xs[nt] = x + int64_t(min(nt * 8 + lane / 4, T - 1)) * K + int64_t(c_begin) * kChunk + 16 * (lane % 4);
+  int soff[kStageChunks];
+#pragma unroll
+  for (int u = 0; u < kStageChunks; ++u) soff[u] = (u >> w.group_shift) * 8;
+
   float acc[NT][4] = {};
   for (int i = 0; i < n_stages; ++i) {
-    const int slot = i % kStages, c0 = c_begin + i * kStageChunks, g0 = c0 >> w.group_shift;
+    const int slot = i % kStages, n = min(kStageChunks, c_end - c_begin - i * kStageChunks);
     mbar_wait(&ring.bar[slot], (i / kStages) & 1);
+    if (n == kStageChunks) {
 #pragma unroll
-    for (int u = 0; u < kStageChunks; ++u) {
-      const int c = c0 + u;
-      if (c < c_end) {
-        W4Tiled::Frag f;
-        f.w = ring.w[slot][u * 32 + lane];
-        f.s = ring.s[slot][((c >> w.group_shift) - g0) * 8 + lane / 4];
-        accumulate_chunk<W4Tiled, NT>(w, f, x, c * kChunk + 16 * (lane % 4), T, K, lane / 4, acc);
-      }
+      for (int u0 = 0; u0 < kStageChunks; u0 += V) stage_chunks<NT, V>(w, ring, slot, u0, lane, xs, soff, acc);
+    } else {  // a warp's last stage, at the end of K: n < kStageChunks
+#pragma unroll
+      for (int u0 = 0; u0 < kStageChunks - 1; ++u0)
+        if (u0 < n) stage_chunks<NT, 1>(w, ring, slot, u0, lane, xs, soff, acc);
     }
     __syncwarp();  // every lane has read the slot before it is refilled
     if (lane == 0 && i + kStages < n_stages) request(i + kStages);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xs[nt] += kStageChunks * kChunk;
   }
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
 }
