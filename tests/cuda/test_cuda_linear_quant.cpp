@@ -35,7 +35,9 @@ struct GemvSettingsRestored {
   bool pdl = cuda::pdl_enabled();
   int tokens = cuda::w4a16_gemv_tokens();
   bool tma = cuda::w4a16_gemv_tma();
+  int variant = cuda::w4a16_tma_variant();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_tma_variant(variant);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
     cuda::set_w4a16_gemv_tma(tma);
@@ -148,13 +150,16 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      for (bool tma : {true, false}) {  // both GEMV kernels
+      for (int kernel : {0, 1, 2, 3}) {  // both GEMV kernels (EXPERIMENT: TMA variants 0-2, then regs)
+        const bool tma = kernel < 3;
         cuda::set_w4a16_gemv_tma(tma);
+        if (tma) cuda::set_w4a16_tma_variant(kernel);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                  std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
-                                 " per launch " + std::to_string(run.per_launch) + (tma ? " tma" : " regs");
+                                 " per launch " + std::to_string(run.per_launch) +
+                                 (tma ? " tma " + std::to_string(kernel) : " regs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
           gpu->linear_quantized(xg, c.gpu_w, og);
@@ -300,9 +305,11 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
   struct Config {
     bool pdl, tma;
     const char* name;
+    int variant;  // EXPERIMENT
   };
-  const std::vector<Config> loops = {
-      {false, false, "regs plain"}, {true, false, "regs pdl"}, {false, true, "tma plain"}, {true, true, "tma pdl"}};
+  const std::vector<Config> loops = {{false, false, "regs plain", 0}, {true, false, "regs pdl", 0},
+                                     {false, true, "tma plain", 0},   {true, true, "tma pdl", 0},
+                                     {true, true, "tma pdl v1", 1},   {true, true, "tma pdl v2", 2}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -326,9 +333,11 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       for (size_t li = 0; li < loops.size(); ++li) {
         cuda::set_pdl_enabled(loops[li].pdl);
         cuda::set_w4a16_gemv_tma(loops[li].tma);
+        cuda::set_w4a16_tma_variant(loops[li].variant);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           // Longer steps: one shape, PDL on.
           if (T > 16 && (!loops[li].pdl || std::string(l.name) != "mlp gate/up")) continue;
+          if (loops[li].variant > 0 && T > 8) continue;
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

@@ -35,24 +35,30 @@ __device__ __forceinline__ void stage_split_range(int K, int& c_begin, int& c_en
   c_end = min(n_chunks, static_cast<int>(int64_t(blockIdx.y + 1) * units / gridDim.y) * kStageChunks);
 }
 
-// acc += V chunks of a stage (from chunk u0 of ring slot `slot`), their k-steps interleaved so the
-// V accumulator chains of the tensor cores overlap. xs[nt]: the lane's input columns of the
-// stage's first chunk in the row of its token of tile nt; soff: the stage's scale offset of
-// chunk u (u >> shift groups of 8).
+// xv[v][nt][h] = the lane's input columns [8h, 8h + 8) of its 16 in chunk u0 + v of a stage, in
+// the row of its token of tile nt; xs[nt]: those of the stage's first chunk.
 template <int NT, int V>
-__device__ __forceinline__ void stage_chunks(const W4Tiled& w, const TmaWarpRing& ring, int slot, int u0, int lane,
-                                             const __nv_bfloat16* const (&xs)[NT], const int (&soff)[kStageChunks],
-                                             float (&acc)[NT][4]) {
-  uint4 wv[V];
-  float2 sv[V];
-  uint4 xv[V][NT][2];  // columns [8h, 8h + 8) of the lane's 16 of chunk u0 + v
+__device__ __forceinline__ void load_inputs(const __nv_bfloat16* const (&xs)[NT], int u0, uint4 (&xv)[V][NT][2]) {
 #pragma unroll
-  for (int v = 0; v < V; ++v) {
+  for (int v = 0; v < V; ++v)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         xv[v][nt][h] = __ldg(reinterpret_cast<const uint4*>(xs[nt] + (u0 + v) * kChunk + 8 * h));
+}
+
+// acc += V chunks of a stage (from chunk u0 of ring slot `slot`), their k-steps interleaved so the
+// V accumulator chains of the tensor cores overlap. xv: their inputs (load_inputs); soff: the
+// stage's scale offset of chunk u (u >> shift groups of 8).
+template <int NT, int V>
+__device__ __forceinline__ void stage_chunks(const TmaWarpRing& ring, int slot, int u0, int lane,
+                                             const uint4 (&xv)[V][NT][2], const int (&soff)[kStageChunks],
+                                             float (&acc)[NT][4]) {
+  uint4 wv[V];
+  float2 sv[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
     wv[v] = ring.w[slot][(u0 + v) * 32 + lane];
     sv[v] = ring.s[slot][soff[u0 + v] + lane / 4];
   }
@@ -80,8 +86,9 @@ __device__ __forceinline__ void stage_chunks(const W4Tiled& w, const TmaWarpRing
     }
 }
 
-// partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel.
-template <int NT, int MinBlocks>
+// partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
+// stage's inputs are loaded before its weights are waited for (EXPERIMENT), else per V chunks.
+template <int NT, int MinBlocks, bool XAhead = false>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
                      int* __restrict__ counters, int T, int N, int K) {
@@ -125,14 +132,32 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   float acc[NT][4] = {};
   for (int i = 0; i < n_stages; ++i) {
     const int slot = i % kStages, n = min(kStageChunks, c_end - c_begin - i * kStageChunks);
-    mbar_wait(&ring.bar[slot], (i / kStages) & 1);
     if (n == kStageChunks) {
+      if constexpr (XAhead) {
+        uint4 xv[kStageChunks][NT][2];
+        load_inputs<NT, kStageChunks>(xs, 0, xv);
+        mbar_wait(&ring.bar[slot], (i / kStages) & 1);
 #pragma unroll
-      for (int u0 = 0; u0 < kStageChunks; u0 += V) stage_chunks<NT, V>(w, ring, slot, u0, lane, xs, soff, acc);
+        for (int u0 = 0; u0 < kStageChunks; u0 += V)
+          stage_chunks<NT, V>(ring, slot, u0, lane, reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
+      } else {
+        mbar_wait(&ring.bar[slot], (i / kStages) & 1);
+#pragma unroll
+        for (int u0 = 0; u0 < kStageChunks; u0 += V) {
+          uint4 xv[V][NT][2];
+          load_inputs<NT, V>(xs, u0, xv);
+          stage_chunks<NT, V>(ring, slot, u0, lane, xv, soff, acc);
+        }
+      }
     } else {  // a warp's last stage, at the end of K: n < kStageChunks
+      mbar_wait(&ring.bar[slot], (i / kStages) & 1);
 #pragma unroll
       for (int u0 = 0; u0 < kStageChunks - 1; ++u0)
-        if (u0 < n) stage_chunks<NT, 1>(w, ring, slot, u0, lane, xs, soff, acc);
+        if (u0 < n) {
+          uint4 xv[1][NT][2];
+          load_inputs<NT, 1>(xs, u0, xv);
+          stage_chunks<NT, 1>(ring, slot, u0, lane, xv, soff, acc);
+        }
     }
     __syncwarp();  // every lane has read the slot before it is refilled
     if (lane == 0 && i + kStages < n_stages) request(i + kStages);
@@ -143,26 +168,27 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 }
 
 // The kernel's shared-memory limit raised once; then its blocks resident on the whole GPU.
-template <int NT, int MinBlocks>
+template <int NT, int MinBlocks, bool XAhead = false>
 int tma_resident_blocks() {
   static const int n = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(qgemv_tma_kernel<NT, MinBlocks>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncSetAttribute(qgemv_tma_kernel<NT, MinBlocks, XAhead>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(kTmaSmemBytes)));
     int dev = 0, sms = 0, per_sm = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks>, kWarps * 32,
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead>,
+                                                             kWarps * 32,
                                                              kTmaSmemBytes));
     return sms * std::max(per_sm, 1);
   }();
   return n;
 }
 
-template <int NT, int MinBlocks>
+template <int NT, int MinBlocks, bool XAhead = false>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
                 int splits, int T, int N, int K, cudaStream_t s) {
-  tma_resident_blocks<NT, MinBlocks>();  // the shared-memory attribute, before the first launch
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks>, dim3((N + kTileRows - 1) / kTileRows, splits),
+  tma_resident_blocks<NT, MinBlocks, XAhead>();  // the shared-memory attribute, before the first launch
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead>, dim3((N + kTileRows - 1) / kTileRows, splits),
                 dim3(kWarps * 32), kTmaSmemBytes, s, w, x, out, partial, counters, T, N, K);
 }
 
