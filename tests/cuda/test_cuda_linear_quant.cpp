@@ -35,9 +35,9 @@ struct GemvSettingsRestored {
   bool pdl = cuda::pdl_enabled();
   int tokens = cuda::w4a16_gemv_tokens();
   bool tma = cuda::w4a16_gemv_tma();
-  int variant = cuda::w4a16_tma_variant();
+  bool x_smem = cuda::w4a16_gemv_x_smem();
   ~GemvSettingsRestored() {
-    cuda::set_w4a16_tma_variant(variant);
+    cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
     cuda::set_w4a16_gemv_tma(tma);
@@ -150,16 +150,16 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      for (int kernel : {0, 1, 2, 3}) {  // both GEMV kernels (EXPERIMENT: TMA variants 0-2, then regs)
-        const bool tma = kernel < 3;
+      for (int kernel : {0, 1, 2}) {  // the TMA kernel with and without inputs in shared memory, registers
+        const bool tma = kernel < 2;
         cuda::set_w4a16_gemv_tma(tma);
-        if (tma) cuda::set_w4a16_tma_variant(kernel);
+        cuda::set_w4a16_gemv_x_smem(kernel == 0);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                  std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
                                  " per launch " + std::to_string(run.per_launch) +
-                                 (tma ? " tma " + std::to_string(kernel) : " regs");
+                                 (kernel == 0 ? " tma" : kernel == 1 ? " tma without x in smem" : " regs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
           gpu->linear_quantized(xg, c.gpu_w, og);
@@ -192,6 +192,7 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
       for (int w : widths) parts.push_back(gpu->scratch(DType::kBF16, {T, w}));
       for (bool tma : {true, false}) {  // both GEMV kernels
         cuda::set_w4a16_gemv_tma(tma);
+        cuda::set_w4a16_gemv_x_smem(true);
         gpu->linear_parts(xg, c.gpu_w, parts);
         for (size_t p = 0, r0 = 0; p < parts.size(); r0 += widths[p], ++p) {
           std::vector<float> ref;
@@ -303,13 +304,14 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
       {"mlp down", 5120, 17408, 64, 3}};
   struct Config {
-    bool pdl, tma;
+    bool pdl, tma, x_smem;
     const char* name;
-    int variant;  // EXPERIMENT
   };
-  const std::vector<Config> loops = {{false, false, "regs plain", 0}, {true, false, "regs pdl", 0},
-                                     {false, true, "tma plain", 0},   {true, true, "tma pdl", 0},
-                                     {true, true, "tma pdl v1", 1},   {true, true, "tma pdl v2", 2}};
+  const std::vector<Config> loops = {{false, false, true, "regs plain"},
+                                     {true, false, true, "regs pdl"},
+                                     {false, true, true, "tma plain"},
+                                     {true, true, true, "tma pdl"},
+                                     {true, true, false, "tma pdl, x not in smem"}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -333,11 +335,11 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       for (size_t li = 0; li < loops.size(); ++li) {
         cuda::set_pdl_enabled(loops[li].pdl);
         cuda::set_w4a16_gemv_tma(loops[li].tma);
-        cuda::set_w4a16_tma_variant(loops[li].variant);
+        cuda::set_w4a16_gemv_x_smem(loops[li].x_smem);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           // Longer steps: one shape, PDL on.
-          if (T > 16 && (!loops[li].pdl || std::string(l.name) != "mlp gate/up")) continue;
-          if (loops[li].variant > 0 && T > 8) continue;
+          if (T > 16 && ((li != 1 && li != 3) || std::string(l.name) != "mlp gate/up")) continue;
+          if (!loops[li].x_smem && T > 8) continue;  // the setting is for one token tile
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

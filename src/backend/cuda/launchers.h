@@ -100,8 +100,10 @@ void set_w4a16_gemv_tokens(int n);
 // the register one (qgemv_kernel.cuh). env DS_W4A16_GEMV = tma | regs; tests may switch it.
 bool w4a16_gemv_tma();
 void set_w4a16_gemv_tma(bool on);
-int w4a16_tma_variant();  // EXPERIMENT (w4a16.cu)
-void set_w4a16_tma_variant(int v);
+// Whether the TMA kernel may stage a one-tile launch's inputs in shared memory where they fit
+// (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
+bool w4a16_gemv_x_smem();
+void set_w4a16_gemv_x_smem(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();

@@ -9,6 +9,10 @@
 // warp has read it. So the loads never wait for the arithmetic, no registers hold weights in
 // flight, and the first stages are requested before pdl_wait (no kernel writes weights), while
 // the previous kernel still runs.
+//
+// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the
+// block first copies its inputs for its chunk range into shared memory, which every warp reads;
+// otherwise each lane reads them through L1, at 4 or more tiles a stage's before its wait.
 #pragma once
 
 #include "backend/cuda/qgemv_kernel.cuh"
@@ -16,15 +20,20 @@
 namespace ds::cuda::qgemv {
 
 constexpr int kStageChunks = 4;  // chunks per stage (2 KB of weights)
-constexpr int kStages = 4;       // stages per warp
+// Stages per warp: 4, or 3 with the inputs in shared memory (3 stages keep 2 x 24 warps x 2 KB in
+// flight an SM, several times what the copy rate needs).
+__host__ __device__ constexpr int stages_for(bool x_smem) { return x_smem ? 3 : 4; }
 
 // One warp's ring. Scales: the groups a stage's chunks touch, at most one per chunk.
+template <int S>
 struct TmaWarpRing {
-  uint4 w[kStages][kStageChunks * 32];   // u32 [stage][chunk][lane][4]: the tiled words
-  float2 s[kStages][kStageChunks * 8];   // f32 [stage][group][g][2]: the tiled scales
-  uint64_t bar[kStages];
+  uint4 w[S][kStageChunks * 32];   // u32 [stage][chunk][lane][4]: the tiled words
+  float2 s[S][kStageChunks * 8];   // f32 [stage][group][g][2]: the tiled scales
+  uint64_t bar[S];
 };
-constexpr size_t kTmaSmemBytes = sizeof(TmaWarpRing) * kWarps;
+template <int S>
+constexpr size_t kRingBytes = sizeof(TmaWarpRing<S>) * kWarps;
+constexpr size_t kTmaSmemPerBlock3 = 75 * 1024;  // the most a block may take for 3 blocks an SM
 
 // Chunks [c_begin, c_end) of this block's split, in whole stages: every stage but a warp's last
 // starts at a multiple of kStageChunks, so chunk u of a stage has its scales at group (u >> shift)
@@ -37,22 +46,25 @@ __device__ __forceinline__ void stage_split_range(int K, int& c_begin, int& c_en
 
 // xv[v][nt][h] = the lane's input columns [8h, 8h + 8) of its 16 in chunk u0 + v of a stage, in
 // the row of its token of tile nt; xs[nt]: those of the stage's first chunk.
-template <int NT, int V>
+// XSmem: xs point into shared memory.
+template <int NT, int V, bool XSmem>
 __device__ __forceinline__ void load_inputs(const __nv_bfloat16* const (&xs)[NT], int u0, uint4 (&xv)[V][NT][2]) {
 #pragma unroll
   for (int v = 0; v < V; ++v)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        xv[v][nt][h] = __ldg(reinterpret_cast<const uint4*>(xs[nt] + (u0 + v) * kChunk + 8 * h));
+      for (int h = 0; h < 2; ++h) {
+        const uint4* p = reinterpret_cast<const uint4*>(xs[nt] + (u0 + v) * kChunk + 8 * h);
+        xv[v][nt][h] = XSmem ? *p : __ldg(p);
+      }
 }
 
 // acc += V chunks of a stage (from chunk u0 of ring slot `slot`), their k-steps interleaved so the
 // V accumulator chains of the tensor cores overlap. xv: their inputs (load_inputs); soff: the
 // stage's scale offset of chunk u (u >> shift groups of 8).
-template <int NT, int V>
-__device__ __forceinline__ void stage_chunks(const TmaWarpRing& ring, int slot, int u0, int lane,
+template <int NT, int V, class Ring>
+__device__ __forceinline__ void stage_chunks(const Ring& ring, int slot, int u0, int lane,
                                              const uint4 (&xv)[V][NT][2], const int (&soff)[kStageChunks],
                                              float (&acc)[NT][4]) {
   uint4 wv[V];
@@ -86,16 +98,23 @@ __device__ __forceinline__ void stage_chunks(const TmaWarpRing& ring, int slot, 
     }
 }
 
+// The inputs a block copies with XSmem: bf16 [T][x_stride] from the block's first chunk, the rows
+// 16 bytes longer than the chunk range so the 8 rows a warp reads at once fall in different banks.
+inline int tma_x_stride(int chunks) { return chunks * kChunk + 8; }
+
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
-// stage's inputs are loaded before its weights are waited for (EXPERIMENT), else per V chunks.
-template <int NT, int MinBlocks, bool XAhead = false>
+// stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
+// x_stride: tma_x_stride of the most chunks a block takes (XSmem).
+template <int NT, int MinBlocks, bool XAhead, bool XSmem>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
-                     int* __restrict__ counters, int T, int N, int K) {
+                     int* __restrict__ counters, int T, int N, int K, int x_stride) {
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
+  constexpr int kStages = stages_for(XSmem);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  TmaWarpRing& ring = reinterpret_cast<TmaWarpRing*>(smem_raw)[warp];
+  TmaWarpRing<kStages>& ring = reinterpret_cast<TmaWarpRing<kStages>*>(smem_raw)[warp];
+  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw + kRingBytes<kStages>);
   const int rb = blockIdx.x * kWarps + warp;
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
@@ -122,9 +141,21 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 
   // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
   const __nv_bfloat16* xs[NT];
+  if constexpr (XSmem) {
+    const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a row
+    for (int i = threadIdx.x; i < T * row; i += blockDim.x) {
+      const int t = i / row, e = i % row * 8;
+      *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) =
+          __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K + int64_t(c_begin) * kChunk + e));
+    }
+    __syncthreads();
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-    xs[nt] = x + int64_t(min(nt * 8 + lane / 4, T - 1)) * K + int64_t(c_begin) * kChunk + 16 * (lane % 4);
+    for (int nt = 0; nt < NT; ++nt) xs[nt] = x_smem + min(nt * 8 + lane / 4, T - 1) * x_stride + 16 * (lane % 4);
+  } else {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+      xs[nt] = x + int64_t(min(nt * 8 + lane / 4, T - 1)) * K + int64_t(c_begin) * kChunk + 16 * (lane % 4);
+  }
   int soff[kStageChunks];
 #pragma unroll
   for (int u = 0; u < kStageChunks; ++u) soff[u] = (u >> w.group_shift) * 8;
@@ -135,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     if (n == kStageChunks) {
       if constexpr (XAhead) {
         uint4 xv[kStageChunks][NT][2];
-        load_inputs<NT, kStageChunks>(xs, 0, xv);
+        load_inputs<NT, kStageChunks, XSmem>(xs, 0, xv);
         mbar_wait(&ring.bar[slot], (i / kStages) & 1);
 #pragma unroll
         for (int u0 = 0; u0 < kStageChunks; u0 += V)
@@ -145,7 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 #pragma unroll
         for (int u0 = 0; u0 < kStageChunks; u0 += V) {
           uint4 xv[V][NT][2];
-          load_inputs<NT, V>(xs, u0, xv);
+          load_inputs<NT, V, XSmem>(xs, u0, xv);
           stage_chunks<NT, V>(ring, slot, u0, lane, xv, soff, acc);
         }
       }
@@ -155,7 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
       for (int u0 = 0; u0 < kStageChunks - 1; ++u0)
         if (u0 < n) {
           uint4 xv[1][NT][2];
-          load_inputs<NT, 1>(xs, u0, xv);
+          load_inputs<NT, 1, XSmem>(xs, u0, xv);
           stage_chunks<NT, 1>(ring, slot, u0, lane, xv, soff, acc);
         }
     }
@@ -167,29 +198,53 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
 }
 
-// The kernel's shared-memory limit raised once; then its blocks resident on the whole GPU.
-template <int NT, int MinBlocks, bool XAhead = false>
-int tma_resident_blocks() {
-  static const int n = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(qgemv_tma_kernel<NT, MinBlocks, XAhead>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(kTmaSmemBytes)));
-    int dev = 0, sms = 0, per_sm = 0;
+// The kernel's shared-memory limit raised to the most an SM has, once; then its blocks resident
+// on the whole GPU with `smem` bytes each.
+template <int NT, int MinBlocks, bool XAhead, bool XSmem>
+int tma_resident_blocks(size_t smem) {
+  static const int sms = [] {
+    int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead>,
-                                                             kWarps * 32,
-                                                             kTmaSmemBytes));
-    return sms * std::max(per_sm, 1);
+    CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CUDA_CHECK(cudaFuncSetAttribute(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
   }();
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>,
+                                                           kWarps * 32, smem));
+  return sms * std::max(per_sm, 1);
+}
+
+// Resident blocks of the kernel that takes T tokens without the inputs in shared memory (which
+// decides the splits; the inputs then fit or not).
+template <int NT, int MinBlocks, bool XAhead>
+int tma_resident_blocks() {
+  static const int n = tma_resident_blocks<NT, MinBlocks, XAhead, false>(kRingBytes<stages_for(false)>);
   return n;
 }
 
-template <int NT, int MinBlocks, bool XAhead = false>
+// XSmem is taken at one token tile when the block's inputs fit beside the ring with 3 blocks an SM
+// (and x_smem_allowed).
+template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
-                int splits, int T, int N, int K, cudaStream_t s) {
-  tma_resident_blocks<NT, MinBlocks, XAhead>();  // the shared-memory attribute, before the first launch
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead>, dim3((N + kTileRows - 1) / kTileRows, splits),
-                dim3(kWarps * 32), kTmaSmemBytes, s, w, x, out, partial, counters, T, N, K);
+                int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
+  const dim3 grid((N + kTileRows - 1) / kTileRows, splits);
+  const int units = (K / kChunk + kStageChunks - 1) / kStageChunks;
+  const int x_stride = tma_x_stride((units + splits - 1) / splits * kStageChunks);
+  const size_t x_smem = kRingBytes<stages_for(true)> + size_t(T) * x_stride * sizeof(__nv_bfloat16);
+  if constexpr (NT == 1) {
+    if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
+      tma_resident_blocks<NT, MinBlocks, XAhead, true>(x_smem);  // the shared-memory attribute
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, dim3(kWarps * 32), x_smem, s,
+                    w, x, out, partial, counters, T, N, K, x_stride);
+      return;
+    }
+  }
+  tma_resident_blocks<NT, MinBlocks, XAhead>();
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, dim3(kWarps * 32),
+                kRingBytes<stages_for(false)>, s, w, x, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

@@ -14,7 +14,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
-#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -133,33 +132,24 @@ bool g_tma = [] {
   return v == "tma";
 }();
 
-// EXPERIMENT: DS_W4A16_TMA_VARIANT 0: inputs per 2 chunks, registers for 3 blocks an SM at one
-// tile; 1: a stage's inputs before its wait, 2 blocks; 2: the same, 3 blocks.
-int g_tma_variant = [] {
-  const char* env = std::getenv("DS_W4A16_TMA_VARIANT");
-  return std::clamp(env ? std::atoi(env) : 0, 0, 2);
+bool g_x_smem = [] {
+  const char* env = std::getenv("DS_W4A16_X_SMEM");
+  return !(env && std::string(env) == "0");
 }();
-
-// f(min_blocks, x_ahead) as compile-time constants for the TMA kernel at NT token tiles.
-template <int NT, class F>
-auto with_tma_variant(F&& f) {
-  constexpr int mb3 = NT == 1 ? 3 : 0, mb2 = NT == 1 ? 2 : 0;
-  switch (g_tma_variant) {
-    case 1: return f(std::integral_constant<int, mb2>{}, std::true_type{});
-    case 2: return f(std::integral_constant<int, mb3>{}, std::true_type{});
-    default: return f(std::integral_constant<int, mb3>{}, std::false_type{});
-  }
-}
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
   return std::clamp(env ? std::atoi(env) : 32, 0, kW4A16GemvMaxTokens);
 }();
 
-// A GEMV instance: NT token tiles of 8, U chunks in flight per warp (register kernel).
+// A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp; TMA kernel:
+// registers capped for 3 blocks an SM (what its shared memory allows) at one tile, and at 4 or
+// more tiles a stage's inputs loaded before its wait (measured on the H200 at 1 and 4 tiles:
+// docs/perf/2026-11-29-s5-cuda-27b.md).
 template <int NT_, int U_>
 struct Kernel {
-  static constexpr int NT = NT_, U = U_;
+  static constexpr int NT = NT_, U = U_, TmaMinBlocks = NT_ == 1 ? 3 : 0;
+  static constexpr bool TmaXAhead = NT_ >= 4;
 };
 
 // f(Kernel<NT, U>) for the kernel that serves T <= 8 NT tokens: U = 8 chunks in flight per warp
@@ -186,17 +176,15 @@ int w4a16_gemv_tokens() { return g_tokens; }
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
 bool w4a16_gemv_tma() { return g_tma; }
-int w4a16_tma_variant() { return g_tma_variant; }
-void set_w4a16_tma_variant(int v) { g_tma_variant = std::clamp(v, 0, 2); }
+bool w4a16_gemv_x_smem() { return g_x_smem; }
+void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
 void set_w4a16_gemv_tma(bool on) { g_tma = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
-    if (!g_tma) return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
-    return with_tma_variant<Kn::NT>([](auto mb, auto ahead) {
-      return qgemv::tma_resident_blocks<Kn::NT, decltype(mb)::value, decltype(ahead)::value>();
-    });
+    return g_tma ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
+                 : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
@@ -214,10 +202,8 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
     if (g_tma)
-      with_tma_variant<Kn::NT>([&](auto mb, auto ahead) {
-        qgemv::launch_tma<Kn::NT, decltype(mb)::value, decltype(ahead)::value>(w, x, parts, partial, counters,
-                                                                              splits, T, N, K, s);
-      });
+      qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, parts, partial, counters, splits, T, N, K,
+                                                                 g_x_smem, s);
     else
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
   });
