@@ -33,7 +33,9 @@ struct TmaWarpRing {
 };
 template <int S>
 constexpr size_t kRingBytes = sizeof(TmaWarpRing<S>) * kWarps;
-constexpr size_t kTmaSmemPerBlock3 = 75 * 1024;  // the most a block may take for 3 blocks an SM
+// The most a block may take for 3 blocks an SM (228 KiB, each block also holding 1 KiB for the
+// system and a few bytes of static shared memory).
+constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
 // Chunks [c_begin, c_end) of this block's split, in whole stages: every stage but a warp's last
 // starts at a multiple of kStageChunks, so chunk u of a stage has its scales at group (u >> shift)
@@ -206,8 +208,11 @@ int tma_resident_blocks(size_t smem) {
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cudaFuncAttributes attr{};  // the kernel's static shared memory counts against the limit
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>));
     CUDA_CHECK(cudaFuncSetAttribute(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem));
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    max_smem - static_cast<int>(attr.sharedSizeBytes)));
     CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
