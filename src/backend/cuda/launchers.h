@@ -96,8 +96,9 @@ void set_pdl_enabled(bool on);
 // recomputed its activation per token tile: to be measured again.)
 int w4a16_gemv_tokens();
 void set_w4a16_gemv_tokens(int n);
-// Which W4A16 GEMV kernel: true (default), the one fed by the copy unit (qgemv_tma.cuh); false,
-// the register one (qgemv_kernel.cuh). env DS_W4A16_GEMV = tma | regs; tests may switch it.
+// Which W4A16 GEMV kernel: true, the one fed by the copy unit (qgemv_tma.cuh; the default on
+// compute capability 9.0 and up); false, the register one (qgemv_kernel.cuh). env DS_W4A16_GEMV =
+// tma | regs; tests may switch it.
 bool w4a16_gemv_tma();
 void set_w4a16_gemv_tma(bool on);
 // Whether the TMA kernel may stage a one-tile launch's inputs in shared memory where they fit

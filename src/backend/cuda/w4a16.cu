@@ -125,12 +125,9 @@ void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* 
 
 namespace {
 
-bool g_tma = [] {
-  const char* env = std::getenv("DS_W4A16_GEMV");
-  const std::string v = env ? env : "tma";
-  if (v != "tma" && v != "regs") DS_FATAL("DS_W4A16_GEMV must be tma or regs, not '%s'", v.c_str());
-  return v == "tma";
-}();
+// -1 until first asked: DS_W4A16_GEMV, else the TMA kernel where the device has the copy unit
+// (compute capability 9.0 and up).
+int g_tma = -1;
 
 bool g_x_smem = [] {
   const char* env = std::getenv("DS_W4A16_X_SMEM");
@@ -175,15 +172,27 @@ int w4a16_gemv_step_tokens() {
 int w4a16_gemv_tokens() { return g_tokens; }
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
-bool w4a16_gemv_tma() { return g_tma; }
+bool w4a16_gemv_tma() {
+  if (g_tma < 0) {
+    const char* env = std::getenv("DS_W4A16_GEMV");
+    const std::string v = env ? env : "";
+    if (!v.empty() && v != "tma" && v != "regs") DS_FATAL("DS_W4A16_GEMV must be tma or regs, not '%s'", v.c_str());
+    int dev = 0, major = 0;
+    const bool sm90 = cudaGetDevice(&dev) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                      major >= 9;
+    g_tma = v.empty() ? sm90 : v == "tma";
+  }
+  return g_tma == 1;
+}
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
-void set_w4a16_gemv_tma(bool on) { g_tma = on; }
+void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
-    return g_tma ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
+    return w4a16_gemv_tma() ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
                  : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
@@ -201,7 +210,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_
   const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
-    if (g_tma)
+    if (w4a16_gemv_tma())
       qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, parts, partial, counters, splits, T, N, K,
                                                                  g_x_smem, s);
     else
