@@ -10,10 +10,9 @@
 // flight, and the first stages are requested before pdl_wait (no kernel writes weights), while
 // the previous kernel still runs.
 //
-// Inputs: with XSmem (one token tile) the copy unit also brings each stage's inputs, T rows of 512
-// bytes, into a ring the block's warps share: thread 0 requests them (after pdl_wait) and refills
-// a slot once every warp of the block has arrived on its "empty" barrier. Otherwise each lane
-// reads them through L1, at 4 or more tiles a stage's before its wait.
+// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the
+// block first copies its inputs for its chunk range into shared memory, which every warp reads;
+// otherwise each lane reads them through L1, at 4 or more tiles a stage's before its wait.
 #pragma once
 
 #include "backend/cuda/qgemv_kernel.cuh"
@@ -34,19 +33,9 @@ struct TmaWarpRing {
 };
 template <int S>
 constexpr size_t kRingBytes = sizeof(TmaWarpRing<S>) * kWarps;
-
-// The block's input ring (XSmem), after the warps' rings: a full and an empty barrier per slot,
-// then bf16 [S][T][kXRow]: a stage's inputs, each token's row 16 bytes longer than the stage's
-// 256 columns so the 8 rows a warp reads at once fall in different banks.
-constexpr int kXRow = kStageChunks * kChunk + 8;
-template <int S>
-constexpr size_t kXBarrierOffset = kRingBytes<S>;
-template <int S>
-constexpr size_t kXRowsOffset = kRingBytes<S> + 2 * S * sizeof(uint64_t);
-template <int S>
-constexpr size_t x_ring_smem(int T) {
-  return kXRowsOffset<S> + size_t(S) * T * kXRow * sizeof(__nv_bfloat16);
-}
+// The most a block may take for 3 blocks an SM (228 KiB, each block also holding 1 KiB for the
+// system and a few bytes of static shared memory).
+constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
 // Chunks [c_begin, c_end) of this block's split, in whole stages: every stage but a warp's last
 // starts at a multiple of kStageChunks, so chunk u of a stage has its scales at group (u >> shift)
@@ -111,21 +100,23 @@ __device__ __forceinline__ void stage_chunks(const Ring& ring, int slot, int u0,
     }
 }
 
+// The inputs a block copies with XSmem: bf16 [T][x_stride] from the block's first chunk, the rows
+// 16 bytes longer than the chunk range so the 8 rows a warp reads at once fall in different banks.
+inline int tma_x_stride(int chunks) { return chunks * kChunk + 8; }
+
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
+// x_stride: tma_x_stride of the most chunks a block takes (XSmem).
 template <int NT, int MinBlocks, bool XAhead, bool XSmem>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
-                     int* __restrict__ counters, int T, int N, int K) {
-  static_assert(!XSmem || NT == 1, "the input ring holds one token tile");
+                     int* __restrict__ counters, int T, int N, int K, int x_stride) {
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int kStages = stages_for(XSmem);
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   TmaWarpRing<kStages>& ring = reinterpret_cast<TmaWarpRing<kStages>*>(smem_raw)[warp];
-  uint64_t* x_full = reinterpret_cast<uint64_t*>(smem_raw + kXBarrierOffset<kStages>);
-  uint64_t* x_empty = x_full + kStages;
-  __nv_bfloat16* x_rows = reinterpret_cast<__nv_bfloat16*>(smem_raw + kXRowsOffset<kStages>);
+  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw + kRingBytes<kStages>);
   const int rb = blockIdx.x * kWarps + warp;
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
@@ -146,40 +137,23 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     mbar_init_fence();
     for (int i = 0; i < min(kStages, n_stages); ++i) request(i);
   }
-  // The input ring: stage i's T rows into slot i % kStages; thread 0 only. Every active warp (one
-  // with rows; the block's first always has some) arrives on a slot's empty barrier once read.
-  auto request_x = [&](int i) {
-    const int c0 = c_begin + i * kStageChunks, n = min(kStageChunks, c_end - c0), slot = i % kStages;
-    mbar_arrive_expect_tx(&x_full[slot], T * n * kChunk * 2);
-    for (int t = 0; t < T; ++t)
-      bulk_copy_g2s(x_rows + (slot * T + t) * kXRow, x + int64_t(t) * K + int64_t(c0) * kChunk, n * kChunk * 2,
-                    &x_full[slot]);
-  };
-  if constexpr (XSmem) {
-    if (threadIdx.x == 0) {
-      const int active = min(kWarps, (N - static_cast<int>(blockIdx.x) * kTileRows + 15) / 16);
-      for (int i = 0; i < kStages; ++i) {
-        mbar_init(&x_full[i], 1);
-        mbar_init(&x_empty[i], active);
-      }
-      mbar_init_fence();
-    }
-    __syncthreads();  // the input barriers are ready before any warp waits on them
-  } else {
-    __syncwarp();
-  }
+  __syncwarp();
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
-  if constexpr (XSmem) {
-    if (threadIdx.x == 0)
-      for (int i = 0; i < min(kStages, n_stages); ++i) request_x(i);
-  }
 
   // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
-  // With XSmem, xs[0] is rebased on the stage's slot in the loop.
   const __nv_bfloat16* xs[NT];
-  const int x_lane = min(lane / 4, T - 1) * kXRow + 16 * (lane % 4);
-  if constexpr (!XSmem) {
+  if constexpr (XSmem) {
+    const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a row
+    for (int i = threadIdx.x; i < T * row; i += blockDim.x) {
+      const int t = i / row, e = i % row * 8;
+      *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) =
+          __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K + int64_t(c_begin) * kChunk + e));
+    }
+    __syncthreads();
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xs[nt] = x_smem + min(nt * 8 + lane / 4, T - 1) * x_stride + 16 * (lane % 4);
+  } else {
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
       xs[nt] = x + int64_t(min(nt * 8 + lane / 4, T - 1)) * K + int64_t(c_begin) * kChunk + 16 * (lane % 4);
@@ -191,10 +165,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   float acc[NT][4] = {};
   for (int i = 0; i < n_stages; ++i) {
     const int slot = i % kStages, n = min(kStageChunks, c_end - c_begin - i * kStageChunks);
-    if constexpr (XSmem) {
-      xs[0] = x_rows + slot * T * kXRow + x_lane;
-      mbar_wait(&x_full[slot], (i / kStages) & 1);
-    }
     if (n == kStageChunks) {
       if constexpr (XAhead) {
         uint4 xv[kStageChunks][NT][2];
@@ -224,16 +194,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     }
     __syncwarp();  // every lane has read the slot before it is refilled
     if (lane == 0 && i + kStages < n_stages) request(i + kStages);
-    if constexpr (XSmem) {
-      if (lane == 0) mbar_arrive(&x_empty[slot]);
-      if (threadIdx.x == 0 && i + kStages < n_stages) {
-        mbar_wait(&x_empty[slot], (i / kStages) & 1);  // every warp has read the slot
-        request_x(i + kStages);
-      }
-    } else {
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) xs[nt] += kStageChunks * kChunk;
-    }
+    for (int nt = 0; nt < NT; ++nt) xs[nt] += kStageChunks * kChunk;
   }
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
 }
@@ -260,30 +222,34 @@ int tma_resident_blocks(size_t smem) {
   return sms * std::max(per_sm, 1);
 }
 
-// Resident blocks of the kernel with the inputs read through L1 (which decides the splits).
+// Resident blocks of the kernel that takes T tokens without the inputs in shared memory (which
+// decides the splits; the inputs then fit or not).
 template <int NT, int MinBlocks, bool XAhead>
 int tma_resident_blocks() {
   static const int n = tma_resident_blocks<NT, MinBlocks, XAhead, false>(kRingBytes<stages_for(false)>);
   return n;
 }
 
-// The input ring is used at one token tile, where x_smem_allowed.
+// XSmem is taken at one token tile when the block's inputs fit beside the ring with 3 blocks an SM
+// (and x_smem_allowed).
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
                 int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
   const dim3 grid((N + kTileRows - 1) / kTileRows, splits);
+  const int units = (K / kChunk + kStageChunks - 1) / kStageChunks;
+  const int x_stride = tma_x_stride((units + splits - 1) / splits * kStageChunks);
+  const size_t x_smem = kRingBytes<stages_for(true)> + size_t(T) * x_stride * sizeof(__nv_bfloat16);
   if constexpr (NT == 1) {
-    if (x_smem_allowed) {
-      const size_t smem = x_ring_smem<stages_for(true)>(T);
-      tma_resident_blocks<NT, MinBlocks, XAhead, true>(smem);  // the shared-memory attribute
-      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, dim3(kWarps * 32), smem, s, w,
-                    x, out, partial, counters, T, N, K);
+    if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
+      tma_resident_blocks<NT, MinBlocks, XAhead, true>(x_smem);  // the shared-memory attribute
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, dim3(kWarps * 32), x_smem, s,
+                    w, x, out, partial, counters, T, N, K, x_stride);
       return;
     }
   }
   tma_resident_blocks<NT, MinBlocks, XAhead>();
   launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, dim3(kWarps * 32),
-                kRingBytes<stages_for(false)>, s, w, x, out, partial, counters, T, N, K);
+                kRingBytes<stages_for(false)>, s, w, x, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv
