@@ -42,22 +42,33 @@ enum class NormKind { kPlain, kGated, kAdd };
 template <bool kWarpRow, NormKind kKind>
 __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16* out, int R, int D,
                                     float eps, bool sigmoid_gate) {
-  pdl_wait();  // launch.cuh
-  pdl_trigger();
   const int lane = threadIdx.x & 31;
   const int64_t r = kWarpRow ? int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5) : blockIdx.x;
   const int tid = kWarpRow ? lane : threadIdx.x, nthr = kWarpRow ? 32 : blockDim.x;
   if (r >= R) return;  // whole warps (kWarpRow) or the whole block leave together
   const int nv = D / 8;
+  // The norm weights first: no kernel writes them, so they load while the previous kernel ends.
+  float4 wv[kMaxVec][2];
+#pragma unroll
+  for (int k = 0; k < kMaxVec; ++k) {
+    const int c = tid + k * nthr;
+    if (c < nv) {
+      wv[k][0] = __ldg(reinterpret_cast<const float4*>(w) + 2 * c);
+      wv[k][1] = __ldg(reinterpret_cast<const float4*>(w) + 2 * c + 1);
+    }
+  }
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const uint4* xr = reinterpret_cast<const uint4*>(x + r * D);
   const uint4* ar = reinterpret_cast<const uint4*>(aux + r * D);
-  uint4 v[kMaxVec];
+  uint4 v[kMaxVec], zv[kMaxVec];  // zv: the gate (kGated), read with x rather than after the sum
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < kMaxVec; ++k) {
     const int c = tid + k * nthr;
     if (c < nv) {
       v[k] = xr[c];
+      if constexpr (kKind == NormKind::kGated) zv[k] = ar[c];
       if constexpr (kKind == NormKind::kAdd) {
         float a[8], b[8];
         unpack8(v[k], a);
@@ -83,12 +94,14 @@ __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* aux, bf16* sum, c
     if (c < nv) {
       float f[8], gz[8];
       unpack8(v[k], f);
-      if constexpr (kKind == NormKind::kGated) unpack8(ar[c], gz);
+      if constexpr (kKind == NormKind::kGated) unpack8(zv[k], gz);
       uint4 o;
       bf16* ob = reinterpret_cast<bf16*>(&o);
+      const float wk[8] = {wv[k][0].x, wv[k][0].y, wv[k][0].z, wv[k][0].w,
+                           wv[k][1].x, wv[k][1].y, wv[k][1].z, wv[k][1].w};
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        float y = f[e] * inv * w[8 * c + e];
+        float y = f[e] * inv * wk[e];
         if constexpr (kKind == NormKind::kGated) y *= sigmoid_gate ? sigmoid_f(gz[e]) : silu_f(gz[e]);
         ob[e] = to_bf16(y);
       }
@@ -313,13 +326,13 @@ void launch_embedding(const bf16* table, const int32_t* ids, bf16* out, int T, i
 
 void launch_rms_norm(const bf16* x, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
   if (R == 0) return;
-  if (vec_ok(D, x, out)) launch_norm<NormKind::kPlain>(x, nullptr, nullptr, w, out, R, D, eps, false, s);
+  if (vec_ok(D, x, out, w)) launch_norm<NormKind::kPlain>(x, nullptr, nullptr, w, out, R, D, eps, false, s);
   else launch_kernel("rms_norm", rms_norm_kernel, R, D >= 512 ? 256 : 128, 0, s, x, w, out, D, eps);
 }
 
 bool launch_add_rms_norm(bf16* x, const bf16* y, const float* w, bf16* out, int R, int D, float eps, cudaStream_t s) {
   if (R == 0) return true;
-  if (!vec_ok(D, x, y, out)) return false;
+  if (!vec_ok(D, x, y, out, w)) return false;
   launch_norm<NormKind::kAdd>(x, y, x, w, out, R, D, eps, false, s);
   return true;
 }
@@ -327,7 +340,7 @@ bool launch_add_rms_norm(bf16* x, const bf16* y, const float* w, bf16* out, int 
 void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,
                            bool sigmoid_gate, cudaStream_t s) {
   if (R == 0) return;
-  if (vec_ok(D, x, z, out))
+  if (vec_ok(D, x, z, out, w))
     launch_norm<NormKind::kGated>(x, z, nullptr, w, out, R, D, eps, sigmoid_gate, s);
   else launch_kernel("gated_rms_norm", gated_rms_norm_kernel, R, D >= 256 ? 128 : 64, 0, s, x, z, w, out, D, eps,
                      sigmoid_gate);
