@@ -200,15 +200,15 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
 }
 
-// The kernel's shared-memory limit raised to the most an SM has, once; then its blocks resident
-// on the whole GPU with `smem` bytes each.
+// The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
+// shared memory; once per kernel. Returns the GPU's SM count.
 template <int NT, int MinBlocks, bool XAhead, bool XSmem>
-int tma_resident_blocks(size_t smem) {
+int tma_kernel_ready() {
   static const int sms = [] {
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cudaFuncAttributes attr{};  // the kernel's static shared memory counts against the limit
+    cudaFuncAttributes attr{};
     CUDA_CHECK(cudaFuncGetAttributes(&attr, qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>));
     CUDA_CHECK(cudaFuncSetAttribute(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -216,17 +216,20 @@ int tma_resident_blocks(size_t smem) {
     CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
-  int per_sm = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>,
-                                                           kWarps * 32, smem));
-  return sms * std::max(per_sm, 1);
+  return sms;
 }
 
-// Resident blocks of the kernel that takes T tokens without the inputs in shared memory (which
-// decides the splits; the inputs then fit or not).
+// Blocks of the kernel with the inputs read through L1 resident on the whole GPU (which decides
+// the splits; the inputs then fit in shared memory or not); asked once.
 template <int NT, int MinBlocks, bool XAhead>
 int tma_resident_blocks() {
-  static const int n = tma_resident_blocks<NT, MinBlocks, XAhead, false>(kRingBytes<stages_for(false)>);
+  static const int n = [] {
+    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false>();
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false>,
+                                                             kWarps * 32, kRingBytes<stages_for(false)>));
+    return sms * std::max(per_sm, 1);
+  }();
   return n;
 }
 
@@ -241,13 +244,13 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, f
   const size_t x_smem = kRingBytes<stages_for(true)> + size_t(T) * x_stride * sizeof(__nv_bfloat16);
   if constexpr (NT == 1) {
     if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
-      tma_resident_blocks<NT, MinBlocks, XAhead, true>(x_smem);  // the shared-memory attribute
+      tma_kernel_ready<NT, MinBlocks, XAhead, true>();
       launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, dim3(kWarps * 32), x_smem, s,
                     w, x, out, partial, counters, T, N, K, x_stride);
       return;
     }
   }
-  tma_resident_blocks<NT, MinBlocks, XAhead>();
+  tma_kernel_ready<NT, MinBlocks, XAhead, false>();
   launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, dim3(kWarps * 32),
                 kRingBytes<stages_for(false)>, s, w, x, out, partial, counters, T, N, K, 0);
 }
