@@ -185,15 +185,15 @@ bool w4a16_gemv_tma() {
   }
   return g_tma == 1;
 }
+void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
-void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
     return w4a16_gemv_tma() ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
-                 : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
+                            : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
