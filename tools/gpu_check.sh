@@ -90,8 +90,10 @@ fi
 BENCH=(.devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic)
 if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   # Decode A/B, one process per setting NAME[:VAR=VALUE[,VAR=VALUE...]] (the defaults, then each
-  # switch off), batch 1, 8 and 64 at 1k. env: DS_AB overrides the list; DS_AB=none skips it.
-  AB="default nopdl:DS_PDL=0 unfused:DS_FUSE_LINEARS=0 nographs:DS_CUDA_GRAPHS=0 tok64:DS_W4A16_GEMV_MAX_TOKENS=64"
+  # switch), batch 1, 8 and 64 at 1k and verify 1/8 at 4k. env: DS_AB overrides the list;
+  # DS_AB=none skips it.
+  AB="default gdnwarp:DS_GDN_DECODE=warp regs:DS_W4A16_GEMV=regs noxsmem:DS_W4A16_X_SMEM=0 nopdl:DS_PDL=0"
+  AB="$AB unfused:DS_FUSE_LINEARS=0 nographs:DS_CUDA_GRAPHS=0 tok64:DS_W4A16_GEMV_MAX_TOKENS=64"
   AB="${DS_AB:-$AB}"
   [ "$AB" = none ] && AB=""
   for cfg in $AB; do
@@ -99,7 +101,7 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     name=${cfg%%:*}; vars=""
     [ "$name" != "$cfg" ] && vars=${cfg#*:}
     # shellcheck disable=SC2086
-    env ${vars//,/ } "${BENCH[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 0 --prefill 0 \
+    env ${vars//,/ } "${BENCH[@]}" --w4a16 --batches 1,8,64 --contexts 1024 --verify 1,8 --prefill 0 \
       > "$LOG/ab_$name.txt" 2> "$LOG/ab_$name.log" || status=1
   done
   # The SASS of this build's GEMVs (instruction counts of their loops: read with any script).

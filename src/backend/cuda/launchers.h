@@ -172,6 +172,11 @@ struct GdnGates {
   const float* dt_bias = nullptr;
 };
 bool gdn_decode_supported(int dk);
+// The register-state kernel's form: false (default), 4 warps share 32 columns and sum them through
+// shared memory; true, a warp holds 4 columns of every row and sums with shuffles (not yet
+// measured on the GPU). env DS_GDN_DECODE = block | warp; tests may switch it.
+bool gdn_decode_warp();
+void set_gdn_decode_warp(bool on);
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s);
