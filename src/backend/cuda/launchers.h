@@ -105,6 +105,11 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
+// Whether one-tile launches split K further so their inputs fit in shared memory at any T up to 8
+// (partials then cost 8 bytes a token and row per split; not yet measured on the GPU).
+// env DS_W4A16_X_SMEM_SPLIT = 0 (default) | 1; tests may switch it.
+bool w4a16_gemv_x_smem_split();
+void set_w4a16_gemv_x_smem_split(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();

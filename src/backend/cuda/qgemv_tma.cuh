@@ -104,6 +104,18 @@ __device__ __forceinline__ void stage_chunks(const Ring& ring, int slot, int u0,
 // 16 bytes longer than the chunk range so the 8 rows a warp reads at once fall in different banks.
 inline int tma_x_stride(int chunks) { return chunks * kChunk + 8; }
 
+// The fewest K splits with which a one-tile launch's inputs fit beside the ring with 3 blocks an
+// SM (XSmem), for T tokens and K columns.
+inline int tma_x_smem_min_splits(int T, int K) {
+  const int units = (K / kChunk + kStageChunks - 1) / kStageChunks;
+  for (int splits = 1; splits < units; ++splits) {
+    const int x_stride = tma_x_stride((units + splits - 1) / splits * kStageChunks);
+    if (kRingBytes<stages_for(true)> + size_t(T) * x_stride * sizeof(__nv_bfloat16) <= kTmaSmemPerBlock3)
+      return splits;
+  }
+  return units;
+}
+
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
 // x_stride: tma_x_stride of the most chunks a block takes (XSmem).
