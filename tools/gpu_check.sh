@@ -191,7 +191,7 @@ for f in "$LOG"/tests/*.sanitizer.log; do
 done
 echo "== bench model (27B shape, bf16 weights, synthetic) =="
 cat "$LOG/bench_model.txt" 2>/dev/null; tail -3 "$LOG/bench_model.log" 2>/dev/null
-echo "== decode A/B (27B shape, W4A16): defaults, then PDL, fused linears, graphs off (1k); attention simt/tc =="
+echo "== decode A/B (27B shape, W4A16): the defaults, then each switch (DS_AB); attention simt/tc =="
 for f in "$LOG"/ab_*.txt; do
   [ -e "$f" ] || continue
   echo "-- $(basename "$f" .txt | sed 's/^ab_//')"; grep -E "^(decode|verify)" "$f"; tail -1 "${f%.txt}.log"
