@@ -10,9 +10,10 @@
 // flight, and the first stages are requested before pdl_wait (no kernel writes weights), while
 // the previous kernel still runs.
 //
-// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the
-// block first copies its inputs for its chunk range into shared memory, which every warp reads;
-// otherwise each lane reads them through L1, at 4 or more tiles a stage's before its wait.
+// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM; w4a16.cu
+// may split K so they do) the block first copies its inputs for its chunk range into shared
+// memory, which every warp reads; otherwise each lane reads them through L1, at 4 or more tiles a
+// stage's before its wait.
 #pragma once
 
 #include "backend/cuda/qgemv_kernel.cuh"
