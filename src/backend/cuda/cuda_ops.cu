@@ -269,10 +269,7 @@ void CudaOps::begin_step(const StepPlan& plan) {
   // sequence or per token) may run as recorded graphs. Their shape must not change with the
   // context length, so the block tables are padded to a power-of-two width and attention
   // splits the whole width.
-  static const bool graphs_enabled = [] {  // env: DS_CUDA_GRAPHS=0 turns step graphs off
-    const char* env = std::getenv("DS_CUDA_GRAPHS");
-    return !(env && std::string(env) == "0");
-  }();
+  static const bool graphs_enabled = cuda::env_flag("DS_CUDA_GRAPHS", true);  // 0 turns step graphs off
   constexpr int kGraphMaxChunk = 16;
   bool uniform = plan.n_seqs() > 0 && max_chunk_ <= kGraphMaxChunk;
   for (int s = 0; uniform && s < plan.n_seqs(); ++s)

@@ -1,6 +1,6 @@
 // CUDA device discovery (a failed query, no driver or no GPU, counts as zero devices), the
-// profiler switch, and the process-wide kernel settings of launchers.h: programmatic dependent
-// launch (launch.cuh) and the decode attention kernel.
+// profiler switch, the reading of the environment switches, and the process-wide kernel settings
+// of launchers.h: programmatic dependent launch (launch.cuh) and the decode attention kernel.
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
@@ -25,17 +25,23 @@ void cuda_profiler_start() { cudaProfilerStart(); }
 }  // namespace ds
 
 namespace ds::cuda {
+bool env_flag(const char* name, bool dflt) {
+  const char* env = std::getenv(name);
+  if (!env) return dflt;
+  return dflt ? std::string(env) != "0" : std::string(env) == "1";
+}
+
+bool env_choice(const char* name, const char* off, const char* on, bool dflt) {
+  const char* env = std::getenv(name);
+  if (!env) return dflt;
+  const std::string v = env;
+  if (v != off && v != on) DS_FATAL("%s must be %s or %s, not '%s'", name, off, on, v.c_str());
+  return v == on;
+}
+
 namespace {
-bool g_pdl = [] {
-  const char* env = std::getenv("DS_PDL");
-  return !(env && std::string(env) == "0");
-}();
-bool g_attention_decode_tc = [] {
-  const char* env = std::getenv("DS_ATTN_DECODE");
-  const std::string v = env ? env : "tc";
-  if (v != "simt" && v != "tc") DS_FATAL("DS_ATTN_DECODE must be simt or tc, not '%s'", v.c_str());
-  return v == "tc";
-}();
+bool g_pdl = env_flag("DS_PDL", true);
+bool g_attention_decode_tc = env_choice("DS_ATTN_DECODE", "simt", "tc", true);
 }  // namespace
 
 bool pdl_enabled() { return g_pdl; }

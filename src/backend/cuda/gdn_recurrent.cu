@@ -5,15 +5,12 @@
 // chunk, thread j owning column j; CudaOps uses it only where the chunked tensor-core kernel
 // (gdn_chunked.cu) lacks the shape.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/ptx.cuh"
-#include "core/check.h"
 
 namespace ds::cuda {
 
@@ -283,12 +280,7 @@ __global__ void __launch_bounds__(kWarpKernelWarps * 32) gdn_decode_warp_kernel(
     }
 }
 
-bool g_decode_warp = [] {
-  const char* env = std::getenv("DS_GDN_DECODE");
-  const std::string v = env ? env : "block";
-  if (v != "block" && v != "warp") DS_FATAL("DS_GDN_DECODE must be block or warp, not '%s'", v.c_str());
-  return v == "warp";
-}();
+bool g_decode_warp = env_choice("DS_GDN_DECODE", "block", "warp", false);
 
 }  // namespace
 

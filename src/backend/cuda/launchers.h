@@ -85,6 +85,12 @@ struct GemvOut {
   }
 };
 
+// The environment switches of the settings below. env_flag: unset gives dflt; with dflt true
+// only "0" turns it off, with dflt false only "1" turns it on. env_choice: unset gives dflt,
+// else the value must be `off` or `on` (a fatal error naming the variable otherwise).
+bool env_flag(const char* name, bool dflt);
+bool env_choice(const char* name, const char* off, const char* on, bool dflt);
+
 // Whether the forward's kernels are launched with programmatic dependent launch (launch.cuh), so
 // each is scheduled while the one before it ends. env DS_PDL = 0 | 1 (default 1); tests may
 // switch it.

@@ -102,24 +102,29 @@ __device__ __forceinline__ void stage_chunks(const Ring& ring, int slot, int u0,
 }
 
 // The inputs a block copies with XSmem: bf16 [T][x_stride] from the block's first chunk, the rows
-// 16 bytes longer than the chunk range so the 8 rows a warp reads at once fall in different banks.
-inline int tma_x_stride(int chunks) { return chunks * kChunk + 8; }
+// 16 bytes longer than the most chunks a block of `splits` takes from K, so the 8 rows a warp
+// reads at once fall in different banks.
+inline int tma_x_stride(int K, int splits) {
+  const int units = (K / kChunk + kStageChunks - 1) / kStageChunks;
+  return (units + splits - 1) / splits * kStageChunks * kChunk + 8;
+}
+// A block's shared memory with XSmem: the ring and T rows of inputs.
+inline size_t tma_x_smem_bytes(int T, int K, int splits) {
+  return kRingBytes<stages_for(true)> + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
+}
 
 // The fewest K splits with which a one-tile launch's inputs fit beside the ring with 3 blocks an
 // SM (XSmem), for T tokens and K columns.
 inline int tma_x_smem_min_splits(int T, int K) {
   const int units = (K / kChunk + kStageChunks - 1) / kStageChunks;
-  for (int splits = 1; splits < units; ++splits) {
-    const int x_stride = tma_x_stride((units + splits - 1) / splits * kStageChunks);
-    if (kRingBytes<stages_for(true)> + size_t(T) * x_stride * sizeof(__nv_bfloat16) <= kTmaSmemPerBlock3)
-      return splits;
-  }
+  for (int splits = 1; splits < units; ++splits)
+    if (tma_x_smem_bytes(T, K, splits) <= kTmaSmemPerBlock3) return splits;
   return units;
 }
 
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
-// x_stride: tma_x_stride of the most chunks a block takes (XSmem).
+// x_stride: tma_x_stride (XSmem).
 template <int NT, int MinBlocks, bool XAhead, bool XSmem>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
@@ -252,14 +257,12 @@ template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
                 int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
   const dim3 grid((N + kTileRows - 1) / kTileRows, splits);
-  const int units = (K / kChunk + kStageChunks - 1) / kStageChunks;
-  const int x_stride = tma_x_stride((units + splits - 1) / splits * kStageChunks);
-  const size_t x_smem = kRingBytes<stages_for(true)> + size_t(T) * x_stride * sizeof(__nv_bfloat16);
   if constexpr (NT == 1) {
+    const size_t x_smem = tma_x_smem_bytes(T, K, splits);
     if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
       tma_kernel_ready<NT, MinBlocks, XAhead, true>();
       launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, dim3(kWarps * 32), x_smem, s,
-                    w, x, out, partial, counters, T, N, K, x_stride);
+                    w, x, out, partial, counters, T, N, K, tma_x_stride(K, splits));
       return;
     }
   }

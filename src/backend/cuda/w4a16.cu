@@ -13,7 +13,6 @@
 // registers (qgemv_kernel.cuh); large T (prefill) dequantises to a bf16 matrix for cuBLAS.
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -129,15 +128,8 @@ namespace {
 // (compute capability 9.0 and up).
 int g_tma = -1;
 
-bool g_x_smem = [] {
-  const char* env = std::getenv("DS_W4A16_X_SMEM");
-  return !(env && std::string(env) == "0");
-}();
-
-bool g_x_smem_split = [] {
-  const char* env = std::getenv("DS_W4A16_X_SMEM_SPLIT");
-  return env && std::string(env) == "1";
-}();
+bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
+bool g_x_smem_split = env_flag("DS_W4A16_X_SMEM_SPLIT", false);
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
@@ -179,14 +171,11 @@ void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTok
 
 bool w4a16_gemv_tma() {
   if (g_tma < 0) {
-    const char* env = std::getenv("DS_W4A16_GEMV");
-    const std::string v = env ? env : "";
-    if (!v.empty() && v != "tma" && v != "regs") DS_FATAL("DS_W4A16_GEMV must be tma or regs, not '%s'", v.c_str());
     int dev = 0, major = 0;
     const bool sm90 = cudaGetDevice(&dev) == cudaSuccess &&
                       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
                       major >= 9;
-    g_tma = v.empty() ? sm90 : v == "tma";
+    g_tma = env_choice("DS_W4A16_GEMV", "regs", "tma", sm90);
   }
   return g_tma == 1;
 }
