@@ -92,7 +92,7 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   # Decode A/B, one process per setting NAME[:VAR=VALUE[,VAR=VALUE...]] (the defaults, then each
   # switch), batch 1, 8 and 64 at 1k and verify 1/8 at 4k. env: DS_AB overrides the list;
   # DS_AB=none skips it.
-  AB="default gdnwarp:DS_GDN_DECODE=warp xsplit:DS_W4A16_X_SMEM_SPLIT=1 regs:DS_W4A16_GEMV=regs"
+  AB="default regs:DS_W4A16_GEMV=regs"
   AB="$AB noxsmem:DS_W4A16_X_SMEM=0 nopdl:DS_PDL=0"
   AB="$AB unfused:DS_FUSE_LINEARS=0 nographs:DS_CUDA_GRAPHS=0 tok64:DS_W4A16_GEMV_MAX_TOKENS=64"
   AB="${DS_AB:-$AB}"

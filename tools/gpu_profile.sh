@@ -38,12 +38,50 @@ for n, t in sorted(tot.items(), key=lambda kv: -kv[1])[:25]:
 PY
 grep -E "^(kind|decode)" "$OUT/ncu_$TAG.csv" | head -3
 if [ "${DS_PROFILE_DETAIL:-0}" = 1 ]; then
-  # The first 4 GEMVs of a step: GDN in_proj (qkv+z), out_proj, MLP gate_up, down.
+  # The first 4 GEMVs of a step: GDN in_proj (qkv+z), out_proj, MLP gate_up, down; full sections
+  # into a report, then its details, its raw warp-stall counters, and the sampled stalls of each
+  # SASS instruction (sass_stalls_$TAG.csv; the busiest printed).
   # shellcheck disable=SC2086
   "$NCU" --clock-control none --cache-control none --profile-from-start off --set full --kernel-name regex:qgemv \
-    --launch-count 4 --page details .devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic \
-    --profile --reps 1 --verify 0 --prefill 0 ${DS_PROFILE_ARGS:---w4a16 --batches 1 --contexts 1024} \
-    > "$OUT/ncu_detail_$TAG.txt" 2>&1
-  grep -E "qgemv_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Eligible Warps|No Eligible|Warp Cycles Per Issued" \
+    --import-source no --launch-count 4 -f -o "$OUT/ncu_detail_$TAG" .devbuild/deltaserve bench model \
+    --config configs/qwen3.8-27b.json --synthetic --profile --reps 1 --verify 0 --prefill 0 \
+    ${DS_PROFILE_ARGS:---w4a16 --batches 1 --contexts 1024} > "$OUT/ncu_detail_$TAG.log" 2>&1
+  "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page details > "$OUT/ncu_detail_$TAG.txt" 2>&1
+  "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page raw --csv > "$OUT/ncu_raw_$TAG.csv" 2>&1
+  "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page source --csv --print-source sass --launch-skip 2 --launch-count 1 \
+    > "$OUT/sass_stalls_$TAG.csv" 2>&1
+  grep -E "qgemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Eligible Warps|No Eligible|Warp Cycles Per Issued" \
     "$OUT/ncu_detail_$TAG.txt" | head -80
+  python3 - "$OUT/ncu_raw_$TAG.csv" "$OUT/sass_stalls_$TAG.csv" <<'PY'
+import csv, sys
+# Warp stall reasons per GEMV launch (warps stalled per issued instruction), from the raw page.
+rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
+r = list(csv.DictReader(rows))
+pre, suf = "smsp__average_warps_issue_stalled_", "_per_issue_active.ratio"
+for x in r[1:]:  # r[0]: units
+    vals = {}
+    for k, v in x.items():
+        if k.startswith(pre) and k.endswith(suf):
+            try: vals[k[len(pre):-len(suf)]] = float(v.replace(",", ""))
+            except ValueError: pass
+    top = sorted(vals.items(), key=lambda kv: -kv[1])[:9]
+    print("stalls per issue:", x.get("Grid Size", ""), " ".join(f"{k}={v:.2f}" for k, v in top))
+# The SASS instructions of the third GEMV (gate_up) with the most sampled stalls.
+try:
+    lines = [l for l in open(sys.argv[2]) if l.startswith('"')]
+    s = list(csv.DictReader(lines))
+    col = next((c for c in s[0] if "Sampling" in c and "All" in c), None) if s else None
+    if col:
+        def num(v):
+            try: return float(v.replace(",", ""))
+            except ValueError: return 0.0
+        tot = sum(num(x[col]) for x in s) or 1
+        print(f"sampled stalls by SASS instruction ({col}), top 40 of {len(s)}:")
+        for x in sorted(s, key=lambda x: -num(x[col]))[:40]:
+            print(f"{100 * num(x[col]) / tot:5.1f}% {x.get('Address', '')} {x.get('Source', '')[:70]}")
+    else:
+        print("no sampling column in the source page:", list(s[0])[:12] if s else open(sys.argv[2]).read()[:300])
+except Exception as e:
+    print("source page not read:", e)
+PY
 fi

@@ -36,9 +36,7 @@ struct GemvSettingsRestored {
   int tokens = cuda::w4a16_gemv_tokens();
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
-  bool x_smem_split = cuda::w4a16_gemv_x_smem_split();
   ~GemvSettingsRestored() {
-    cuda::set_w4a16_gemv_x_smem_split(x_smem_split);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
@@ -152,22 +150,16 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      // The TMA kernel with inputs in shared memory where they fit, or split so they fit, or through
-      // L1; the register kernel.
-      for (int kernel : {0, 1, 2, 3}) {
-        const bool tma = kernel < 3;
-        cuda::set_w4a16_gemv_tma(tma);
-        cuda::set_w4a16_gemv_x_smem(kernel <= 1);
-        cuda::set_w4a16_gemv_x_smem_split(kernel == 1);
+      // The TMA kernel with inputs in shared memory where they fit, or through L1; the register kernel.
+      for (int kernel : {0, 1, 2}) {
+        cuda::set_w4a16_gemv_tma(kernel < 2);
+        cuda::set_w4a16_gemv_x_smem(kernel == 0);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                  std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
                                  " per launch " + std::to_string(run.per_launch) +
-                                 (kernel == 0   ? " tma"
-                                  : kernel == 1 ? " tma, split for x in smem"
-                                  : kernel == 2 ? " tma without x in smem"
-                                                : " regs");
+                                 (kernel == 0 ? " tma" : kernel == 1 ? " tma without x in smem" : " regs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
           gpu->linear_quantized(xg, c.gpu_w, og);
@@ -213,33 +205,6 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
       gpu->reset_scratch();
       cpu.reset_scratch();
     }
-  }
-}
-
-// One-tile launches split K further so their inputs fit in shared memory (DS_W4A16_X_SMEM_SPLIT):
-// N 26000 rows fill the GPU without splits, so 8 tokens of K 2048 (33 KB of inputs a block) take
-// two splits only when asked; both forms against the CPU.
-TEST_F(CudaLinearQuantTest, W4A16SplitForInputsInSharedMemory) {
-  const GemvSettingsRestored restore;
-  const int N = 26000, K = 2048, T = 8;
-  cuda::set_w4a16_gemv_tma(true);
-  cuda::set_w4a16_gemv_x_smem(true);
-  cuda::set_w4a16_gemv_x_smem_split(false);
-  const int natural = cuda::w4a16_gemv_splits(T, N, K);
-  cuda::set_w4a16_gemv_x_smem_split(true);
-  EXPECT_GT(cuda::w4a16_gemv_splits(T, N, K), natural) << "the inputs should need more splits";
-  W4Case c = make_w4(*gpu, rng, N, K, 128);
-  Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
-  std::vector<float> x = random_bf16(size_t(T) * K, rng);
-  Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
-  Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
-  Tensor oc = cpu.scratch(DType::kF32, {T, N}), og = gpu->scratch(DType::kBF16, {T, N});
-  cpu.linear(xc, w_cpu, oc);
-  const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-  for (bool split : {false, true}) {
-    cuda::set_w4a16_gemv_x_smem_split(split);
-    gpu->linear_weight(xg, c.gpu_w, og);
-    EXPECT_LE(rel_rms(download(og), ref), 5e-3) << (split ? "split" : "not split");
   }
 }
 
@@ -339,15 +304,14 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
       {"mlp down", 5120, 17408, 64, 3}};
   struct Config {
-    bool pdl, tma, x_smem, x_smem_split;
+    bool pdl, tma, x_smem;
     const char* name;
   };
-  const std::vector<Config> loops = {{false, false, true, false, "regs plain"},
-                                     {true, false, true, false, "regs pdl"},
-                                     {false, true, true, false, "tma plain"},
-                                     {true, true, true, false, "tma pdl"},
-                                     {true, true, false, false, "tma pdl, x not in smem"},
-                                     {true, true, true, true, "tma pdl, split for x in smem"}};
+  const std::vector<Config> loops = {{false, false, true, "regs plain"},
+                                     {true, false, true, "regs pdl"},
+                                     {false, true, true, "tma plain"},
+                                     {true, true, true, "tma pdl"},
+                                     {true, true, false, "tma pdl, x not in smem"}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -372,11 +336,10 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
         cuda::set_pdl_enabled(loops[li].pdl);
         cuda::set_w4a16_gemv_tma(loops[li].tma);
         cuda::set_w4a16_gemv_x_smem(loops[li].x_smem);
-        cuda::set_w4a16_gemv_x_smem_split(loops[li].x_smem_split);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           // Longer steps: one shape, PDL on.
           if (T > 16 && ((li != 1 && li != 3) || std::string(l.name) != "mlp gate/up")) continue;
-          if ((!loops[li].x_smem || loops[li].x_smem_split) && T > 8) continue;  // settings for one token tile
+          if (!loops[li].x_smem && T > 8) continue;  // a setting for one token tile
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

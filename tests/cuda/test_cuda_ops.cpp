@@ -232,13 +232,10 @@ TEST_F(CudaOpsTest, Conv1dAcrossSteps) {
 }
 
 TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
-  // dv = 80 splits the state into column tiles of 32, 32 and 16; dk = 48 is not a power of two.
-  // Both forms of the decode kernel (block and warp column sums).
-  const bool warp_before = cuda::gdn_decode_warp();
-  for (bool warp_kernel : {false, true})
+  // dv = 80 splits the state into column tiles of 32, 32 and 16; dk = 48 is not a power of two;
+  // dk = dv = 128 is the model's.
   for (auto [Hk, Hv, dk, dv] : std::vector<std::array<int, 4>>{{2, 6, 16, 24}, {1, 3, 48, 80}, {1, 2, 128, 128}})
   for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
-    cuda::set_gdn_decode_warp(warp_kernel);
     const int C = 2 * Hk * dk + Hv * dv;
     CudaOpsOptions o;
     o.state_dtype = sd;
@@ -279,12 +276,11 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
       }
       const double tol = sd == StateDType::kF32 ? 1e-2 : sd == StateDType::kF16 ? 1.5e-2 : 3e-2;
       expect_close(out, tol,
-                   std::string(warp_kernel ? "gdn_rule_warp" : "gdn_rule") + "_dk" + std::to_string(dk) + "_state" +
-                       std::to_string(static_cast<int>(sd)) + "_step" + std::to_string(step));
+                   "gdn_rule_dk" + std::to_string(dk) + "_state" + std::to_string(static_cast<int>(sd)) + "_step" +
+                       std::to_string(step));
       for (int s = 0; s < 3; ++s) past[s] += lens[s];
     }
   }
-  cuda::set_gdn_decode_warp(warp_before);
 }
 
 // Paged GQA attention on prefill and decode steps, decode chunks through the split-KV kernel

@@ -1,7 +1,7 @@
 // Gated delta rule, token by token (the columns of S are independent given k, q, g and beta).
-// Decode-sized chunks: the state lives in registers across 4 warps (gdn_decode_kernel), or with
-// DS_GDN_DECODE=warp within one warp per 4 columns (gdn_decode_warp_kernel). Long
-// chunks: one block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory for the whole
+// Decode-sized chunks: the state lives in registers across 4 warps (gdn_decode_kernel). (A warp
+// per 4 columns summing with shuffles, no block barrier a token, measured slower on the H200:
+// docs/perf/2026-11-29-s6-cuda-27b.md.) Long chunks: one block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory for the whole
 // chunk, thread j owning column j; CudaOps uses it only where the chunked tensor-core kernel
 // (gdn_chunked.cu) lacks the shape.
 #include <algorithm>
@@ -190,102 +190,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
   }
 }
 
-// The same steps with the column sums as warp shuffles (DS_GDN_DECODE=warp; not yet measured on
-// the GPU, so not the default): one warp per (sequence, v-head, 4 state columns), lane l holding
-// rows l, l + 32, l + 64 and l + 96 of those columns, so a token needs no block barrier; every
-// warp normalises q and k and makes the gates itself. 4 warps (16 columns) a CTA.
-constexpr int kWarpCols = 4;
-constexpr int kWarpRows = kDecodeMaxK / 32;  // rows per lane
-constexpr int kWarpKernelWarps = 4;
-
-__global__ void __launch_bounds__(kWarpKernelWarps * 32) gdn_decode_warp_kernel(
-    const bf16* qkv, GdnGates gates, void* state, int state_dtype, bf16* out, const int32_t* cu_seqlens,
-    const int32_t* n_past, const int32_t* slots, int Hk, int Hv, int dk, int dv) {
-  const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
-  const int lane = threadIdx.x & 31;
-  const int col0 = (blockIdx.z * kWarpKernelWarps + (threadIdx.x >> 5)) * kWarpCols;
-  const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0;
-  if (T == 0 || col0 >= dv) return;  // whole warps leave
-  const int64_t state_off = (int64_t(slots[s]) * Hv + h) * dk * dv;
-  const bool fresh = n_past[s] == 0;
-
-  // The state before pdl_wait, as in gdn_decode_kernel: S[r][c] = row lane + 32 r, column col0 + c.
-  float S[kWarpRows][kWarpCols];
-#pragma unroll
-  for (int r = 0; r < kWarpRows; ++r)
-#pragma unroll
-    for (int c = 0; c < kWarpCols; ++c) {
-      const int i = lane + 32 * r, col = col0 + c;
-      S[r][c] = (i < dk && col < dv && !fresh) ? load_state(state, state_off + int64_t(i) * dv + col, state_dtype)
-                                               : 0.f;
-    }
-  pdl_wait();  // qkv and the gates come from the kernels before
-  pdl_trigger();
-
-  const float q_scale = rsqrtf(static_cast<float>(dk));
-  const int C = 2 * Hk * dk + Hv * dv;
-  for (int t = 0; t < T; ++t) {
-    const bf16* row = qkv + int64_t(t0 + t) * C;
-    float q[kWarpRows], k[kWarpRows], v[kWarpCols], qss = 0.f, kss = 0.f;
-#pragma unroll
-    for (int r = 0; r < kWarpRows; ++r) {
-      const int i = lane + 32 * r;
-      q[r] = i < dk ? to_f32(row[kh * dk + i]) : 0.f;
-      k[r] = i < dk ? to_f32(row[Hk * dk + kh * dk + i]) : 0.f;
-      qss += q[r] * q[r];
-      kss += k[r] * k[r];
-    }
-#pragma unroll
-    for (int c = 0; c < kWarpCols; ++c) v[c] = col0 + c < dv ? to_f32(row[2 * Hk * dk + h * dv + col0 + c]) : 0.f;
-    const int64_t gi = int64_t(t0 + t) * Hv + h;
-    float g, beta;
-    if (gates.a) gdn_gate(to_f32(gates.a[gi]), to_f32(gates.b[gi]), gates.a_log[h], gates.dt_bias[h], g, beta);
-    else g = gates.g[gi], beta = gates.beta[gi];
-    const float alpha = expf(g);
-    const float qn = rsqrtf(warp_sum(qss) + 1e-6f) * q_scale, kn = rsqrtf(warp_sum(kss) + 1e-6f);
-#pragma unroll
-    for (int r = 0; r < kWarpRows; ++r) {
-      q[r] *= qn;
-      k[r] *= kn;
-    }
-    float m[kWarpCols] = {}, o[kWarpCols] = {};
-#pragma unroll
-    for (int c = 0; c < kWarpCols; ++c) {
-#pragma unroll
-      for (int r = 0; r < kWarpRows; ++r) {
-        S[r][c] *= alpha;  // decay first
-        m[c] += S[r][c] * k[r];
-      }
-      m[c] = warp_sum(m[c]);  // (alpha S)^T k for column c
-      const float delta = beta * (v[c] - m[c]);
-#pragma unroll
-      for (int r = 0; r < kWarpRows; ++r) {
-        S[r][c] += k[r] * delta;
-        o[c] += S[r][c] * q[r];  // read after the update
-      }
-      o[c] = warp_sum(o[c]);
-    }
-    float mine = o[0];  // lane c < kWarpCols stores column col0 + c
-#pragma unroll
-    for (int c = 1; c < kWarpCols; ++c)
-      if (lane == c) mine = o[c];
-    if (lane < kWarpCols && col0 + lane < dv) out[gi * dv + col0 + lane] = to_bf16(mine);
-  }
-#pragma unroll
-  for (int r = 0; r < kWarpRows; ++r)
-#pragma unroll
-    for (int c = 0; c < kWarpCols; ++c) {
-      const int i = lane + 32 * r, col = col0 + c;
-      if (i < dk && col < dv) store_state(state, state_off + int64_t(i) * dv + col, S[r][c], state_dtype);
-    }
-}
-
-bool g_decode_warp = env_choice("DS_GDN_DECODE", "block", "warp", false);
-
 }  // namespace
-
-bool gdn_decode_warp() { return g_decode_warp; }
-void set_gdn_decode_warp(bool on) { g_decode_warp = on; }
 
 bool gdn_decode_supported(int dk) { return dk <= kDecodeMaxK; }
 
@@ -293,13 +198,6 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s) {
   if (n_seqs == 0) return;
-  if (short_chunks && gdn_decode_supported(dk) && g_decode_warp) {
-    const int cols = kWarpKernelWarps * kWarpCols;
-    const dim3 grid(n_seqs, Hv, (dv + cols - 1) / cols);
-    launch_kernel("gdn_decode_warp", gdn_decode_warp_kernel, grid, kWarpKernelWarps * 32, 0, s, qkv, gates, state,
-                  state_dtype, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
-    return;
-  }
   if (short_chunks && gdn_decode_supported(dk)) {
     const dim3 grid(n_seqs, Hv, (dv + 31) / 32);
     launch_kernel("gdn_decode", gdn_decode_kernel, grid, kDecodeWarps * 32, 0, s, qkv, gates, state, state_dtype, out,

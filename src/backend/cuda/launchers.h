@@ -111,11 +111,6 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
-// Whether one-tile launches split K further so their inputs fit in shared memory at any T up to 8
-// (partials then cost 8 bytes a token and row per split; not yet measured on the GPU).
-// env DS_W4A16_X_SMEM_SPLIT = 0 (default) | 1; tests may switch it.
-bool w4a16_gemv_x_smem_split();
-void set_w4a16_gemv_x_smem_split(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();
@@ -183,11 +178,6 @@ struct GdnGates {
   const float* dt_bias = nullptr;
 };
 bool gdn_decode_supported(int dk);
-// The register-state kernel's form: false (default), 4 warps share 32 columns and sum them through
-// shared memory; true, a warp holds 4 columns of every row and sums with shuffles (not yet
-// measured on the GPU). env DS_GDN_DECODE = block | warp; tests may switch it.
-bool gdn_decode_warp();
-void set_gdn_decode_warp(bool on);
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s);

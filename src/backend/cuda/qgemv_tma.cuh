@@ -10,8 +10,7 @@
 // flight, and the first stages are requested before pdl_wait (no kernel writes weights), while
 // the previous kernel still runs.
 //
-// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM; w4a16.cu
-// may split K so they do) the block first copies its inputs for its chunk range into shared
+// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block first copies its inputs for its chunk range into shared
 // memory, which every warp reads; otherwise each lane reads them through L1, at 4 or more tiles a
 // stage's before its wait.
 #pragma once
@@ -111,15 +110,6 @@ inline int tma_x_stride(int K, int splits) {
 // A block's shared memory with XSmem: the ring and T rows of inputs.
 inline size_t tma_x_smem_bytes(int T, int K, int splits) {
   return kRingBytes<stages_for(true)> + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
-}
-
-// The fewest K splits with which a one-tile launch's inputs fit beside the ring with 3 blocks an
-// SM (XSmem), for T tokens and K columns.
-inline int tma_x_smem_min_splits(int T, int K) {
-  const int units = (K / kChunk + kStageChunks - 1) / kStageChunks;
-  for (int splits = 1; splits < units; ++splits)
-    if (tma_x_smem_bytes(T, K, splits) <= kTmaSmemPerBlock3) return splits;
-  return units;
 }
 
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full

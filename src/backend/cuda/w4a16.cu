@@ -129,7 +129,6 @@ namespace {
 int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
-bool g_x_smem_split = env_flag("DS_W4A16_X_SMEM_SPLIT", false);
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
@@ -182,8 +181,6 @@ bool w4a16_gemv_tma() {
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
-bool w4a16_gemv_x_smem_split() { return g_x_smem_split; }
-void set_w4a16_gemv_x_smem_split(bool on) { g_x_smem_split = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
@@ -191,11 +188,7 @@ int w4a16_gemv_splits(int T, int N, int K) {
     return w4a16_gemv_tma() ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
                             : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
   });
-  const int splits = qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
-  const int tiles = (N + qgemv::kTileRows - 1) / qgemv::kTileRows;
-  if (T <= 8 && g_x_smem_split && w4a16_gemv_tma() && g_x_smem && tiles <= kGemvMaxSplitTiles)
-    return std::max(splits, qgemv::tma_x_smem_min_splits(T, K));
-  return splits;
+  return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
 
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
