@@ -48,7 +48,7 @@ if [ "${DS_PROFILE_DETAIL:-0}" = 1 ]; then
     ${DS_PROFILE_ARGS:---w4a16 --batches 1 --contexts 1024} > "$OUT/ncu_detail_$TAG.log" 2>&1
   "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page details > "$OUT/ncu_detail_$TAG.txt" 2>&1
   "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page raw --csv > "$OUT/ncu_raw_$TAG.csv" 2>&1
-  "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page source --csv --print-source sass --launch-skip 2 --launch-count 1 \
+  "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page source --csv --print-source sass \
     > "$OUT/sass_stalls_$TAG.csv" 2>&1
   grep -E "qgemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Eligible Warps|No Eligible|Warp Cycles Per Issued" \
     "$OUT/ncu_detail_$TAG.txt" | head -80
@@ -66,22 +66,27 @@ for x in r[1:]:  # r[0]: units
             except ValueError: pass
     top = sorted(vals.items(), key=lambda kv: -kv[1])[:9]
     print("stalls per issue:", x.get("Grid Size", ""), " ".join(f"{k}={v:.2f}" for k, v in top))
-# The SASS instructions of the third GEMV (gate_up) with the most sampled stalls.
-try:
-    lines = [l for l in open(sys.argv[2]) if l.startswith('"')]
-    s = list(csv.DictReader(lines))
-    col = next((c for c in s[0] if "Sampling" in c and "All" in c), None) if s else None
-    if col:
-        def num(v):
-            try: return float(v.replace(",", ""))
-            except ValueError: return 0.0
-        tot = sum(num(x[col]) for x in s) or 1
-        print(f"sampled stalls by SASS instruction ({col}), top 40 of {len(s)}:")
-        for x in sorted(s, key=lambda x: -num(x[col]))[:40]:
-            print(f"{100 * num(x[col]) / tot:5.1f}% {x.get('Address', '')} {x.get('Source', '')[:70]}")
-    else:
-        print("no sampling column in the source page:", list(s[0])[:12] if s else open(sys.argv[2]).read()[:300])
-except Exception as e:
-    print("source page not read:", e)
+# The SASS instructions with the most sampled stalls, in the GEMV with the most samples (the
+# page has a "Kernel Name" line, then a table, per kernel).
+def num(v):
+    try: return float(v.replace(",", ""))
+    except ValueError: return 0.0
+col = "Warp Stall Sampling (All Samples)"
+lines = open(sys.argv[2]).read().splitlines()
+starts = [i for i, l in enumerate(lines) if l.startswith('"Kernel Name"')] + [len(lines)]
+tables = [list(csv.DictReader(lines[a + 1:b])) for a, b in zip(starts, starts[1:])]
+tables = [t for t in tables if t and col in t[0]]
+if not tables:
+    print("no sampled stalls in the source page:", " ".join(lines[:2])[:300])
+else:
+    s = max(tables, key=lambda t: sum(num(x[col]) for x in t))
+    tot = sum(num(x[col]) for x in s) or 1
+    reasons = [c for c in s[0] if c.startswith("stall_") and "Not Issued" not in c]
+    share = sorted(((sum(num(x[c]) for x in s) / tot, c[6:]) for c in reasons), reverse=True)[:10]
+    print(f"sampled stalls ({len(s)} SASS lines):", " ".join(f"{k}={100 * v:.1f}%" for v, k in share))
+    for x in sorted(s, key=lambda x: -num(x[col]))[:40]:
+        top = sorted(((num(x[c]), c[6:]) for c in reasons), reverse=True)[:3]
+        print(f"{100 * num(x[col]) / tot:5.1f}% {x.get('Address', '')[-5:]} {x.get('Source', '')[:58]:58} "
+              f"exec {x.get('Instructions Executed', '')} " + " ".join(f"{k}={100 * v / tot:.1f}" for v, k in top if v))
 PY
 fi

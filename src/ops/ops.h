@@ -26,7 +26,8 @@ struct GdnShape {
 //              input column 8c+j, stored as q + 8), `scales` f32 [N, K/group_size], signed;
 //              W[n, k] = q * scales[n, k / group_size].
 //  kW4A16Tiled the same values repacked at load for the CUDA GEMV (CudaOps::prepare_weight;
-//              backend/cuda/w4a16.cu documents the layout); `rows` = N.
+//              backend/cuda/w4a16.cu documents the layout): `packed` holds the codes and the
+//              scales, `scales` is empty; `rows` = N.
 //  kInt8       `packed` i8 [N, K] row-major, `scales` f32 [N, K/group_size], group_size 128,
 //              symmetric: scale = max|w| / 127, q = round(w / scale) (ops/int8_rows.h).
 enum class WeightFormat : uint8_t { kW4A16, kW4A16Tiled, kInt8 };

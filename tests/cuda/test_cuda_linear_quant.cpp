@@ -36,7 +36,9 @@ struct GemvSettingsRestored {
   int tokens = cuda::w4a16_gemv_tokens();
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
+  bool copy_warp = cuda::w4a16_gemv_copy_warp();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_gemv_copy_warp(copy_warp);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
@@ -134,8 +136,9 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   struct Shape {
     int N, K, group;
   };
+  // K 128, 384 and 640 end on a short unit (2 chunks); group 512 stores its scales once a unit.
   for (Shape sh : std::vector<Shape>{{96, 128, 128}, {200, 384, 128}, {1000, 5120, 128}, {328, 17408, 128},
-                                     {72, 512, 64}, {40, 1024, 256}, {40, 256, 32}}) {
+                                     {24, 640, 128}, {72, 512, 64}, {40, 1024, 256}, {56, 1536, 512}, {40, 256, 32}}) {
     W4Case c = make_w4(*gpu, rng, sh.N, sh.K, sh.group);
     if (sh.group == 32) EXPECT_FALSE(c.gpu_w.quantized()) << "group 32 is stored dequantised";
     else EXPECT_EQ(c.gpu_w.format, WeightFormat::kW4A16Tiled);
@@ -150,16 +153,21 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      // The TMA kernel with inputs in shared memory where they fit, or through L1; the register kernel.
-      for (int kernel : {0, 1, 2}) {
-        cuda::set_w4a16_gemv_tma(kernel < 2);
-        cuda::set_w4a16_gemv_x_smem(kernel == 0);
+      // The TMA kernel with inputs in shared memory where they fit, with or without the copy warp, or
+      // through L1; the register kernel.
+      for (int kernel : {0, 1, 2, 3}) {
+        cuda::set_w4a16_gemv_tma(kernel < 3);
+        cuda::set_w4a16_gemv_x_smem(kernel <= 1);
+        cuda::set_w4a16_gemv_copy_warp(kernel != 1);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                  std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
                                  " per launch " + std::to_string(run.per_launch) +
-                                 (kernel == 0 ? " tma" : kernel == 1 ? " tma without x in smem" : " regs");
+                                 (kernel == 0   ? " tma"
+                                  : kernel == 1 ? " tma without the copy warp"
+                                  : kernel == 2 ? " tma without x in smem"
+                                                : " regs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
           gpu->linear_quantized(xg, c.gpu_w, og);
@@ -304,14 +312,15 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
       {"mlp down", 5120, 17408, 64, 3}};
   struct Config {
-    bool pdl, tma, x_smem;
+    bool pdl, tma, x_smem, copy_warp;
     const char* name;
   };
-  const std::vector<Config> loops = {{false, false, true, "regs plain"},
-                                     {true, false, true, "regs pdl"},
-                                     {false, true, true, "tma plain"},
-                                     {true, true, true, "tma pdl"},
-                                     {true, true, false, "tma pdl, x not in smem"}};
+  const std::vector<Config> loops = {{false, false, true, true, "regs plain"},
+                                     {true, false, true, true, "regs pdl"},
+                                     {false, true, true, true, "tma plain"},
+                                     {true, true, true, true, "tma pdl"},
+                                     {true, true, true, false, "tma pdl, no copy warp"},
+                                     {true, true, false, true, "tma pdl, x not in smem"}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -336,6 +345,7 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
         cuda::set_pdl_enabled(loops[li].pdl);
         cuda::set_w4a16_gemv_tma(loops[li].tma);
         cuda::set_w4a16_gemv_x_smem(loops[li].x_smem);
+        cuda::set_w4a16_gemv_copy_warp(loops[li].copy_warp);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           // Longer steps: one shape, PDL on.
           if (T > 16 && ((li != 1 && li != 3) || std::string(l.name) != "mlp gate/up")) continue;

@@ -196,15 +196,14 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
       w.dense = upload(dense.data(), DType::kF32, {N, K}, DType::kBF16);
       return;
     }
-    const int64_t rows = (N + 15) / 16 * 16;
-    Tensor tiled = alloc(DType::kI32, {rows, K / 8});
-    Tensor tiled_scales = alloc(DType::kF32, {rows, K / group});
+    // i32 [16-row blocks, words of a block], the scales inside (w4a16.cu)
+    Tensor tiled = alloc(DType::kI32, {(N + 15) / 16, cuda::w4a16_tiled_block_words(K, group)});
     cuda::launch_w4a16_repack(static_cast<const uint32_t*>(w.packed.data), F(w.scales),
-                              static_cast<uint32_t*>(tiled.data), F(tiled_scales), N, K, group, impl_->stream);
+                              static_cast<uint32_t*>(tiled.data), N, K, group, impl_->stream);
     free_weight(w.packed);
     free_weight(w.scales);
     w.packed = tiled;
-    w.scales = tiled_scales;
+    w.scales = Tensor{};
     w.format = WeightFormat::kW4A16Tiled;
     w.rows = N;
     return;
@@ -442,7 +441,8 @@ bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda
 void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out) {
   const auto* x = static_cast<const bf16*>(x_bf16);
   const int N = static_cast<int>(w.rows);
-  DS_ASSERT(w.packed.dim(1) * 8 == K, "W4A16 shapes: K %d, packed%s", K, w.packed.shape_str().c_str());
+  DS_ASSERT(w.packed.dim(1) == cuda::w4a16_tiled_block_words(K, w.group_size), "W4A16 shapes: K %d, tiled%s", K,
+            w.packed.shape_str().c_str());
   if (T == 0) return;
   const auto* tiled = static_cast<const uint32_t*>(w.packed.data);
   const size_t mark = scratch_mark();
@@ -452,19 +452,18 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
       const int n = std::min(per_launch, T - t0);
       const int splits = cuda::w4a16_gemv_splits(n, N, K);
       float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
-      cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, F(w.scales), out.from_token(t0), partial,
-                              impl_->gemv_counters, splits, n, N, K, w.group_size, impl_->stream);
+      cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, out.from_token(t0), partial, impl_->gemv_counters, splits,
+                              n, N, K, w.group_size, impl_->stream);
     }
   } else {
     // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each
     // block's rows go to the parts they belong to.
     const int rows = dequant_block_rows(N, K);
     Tensor dense = scratch(DType::kBF16, {rows, K});
-    const int64_t words_per_tile = int64_t(K / 64) * 128, scales_per_tile = int64_t(K / w.group_size) * 16;
+    const int64_t block_words = w.packed.dim(1);  // rows is a multiple of 16
     for (int r0 = 0; r0 < N; r0 += rows) {
       const int n = std::min(rows, N - r0);
-      cuda::launch_w4a16_dequant(tiled + r0 / 16 * words_per_tile, F(w.scales) + r0 / 16 * scales_per_tile, B(dense),
-                                 n, K, w.group_size, impl_->stream);
+      cuda::launch_w4a16_dequant(tiled + r0 / 16 * block_words, B(dense), n, K, w.group_size, impl_->stream);
       for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p) {
         const int lo = std::max(r0, row0), hi = std::min(r0 + n, row0 + out.rows[p]);  // the part's rows here
         if (lo < hi) gemm(x, B(dense) + int64_t(lo - r0) * K, out.ptr[p] + (lo - row0), T, hi - lo, K, out.rows[p]);

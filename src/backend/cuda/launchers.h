@@ -111,23 +111,27 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
+// Whether a ninth warp of each TMA block requests the copies (qgemv_tma.cuh; launches of up to
+// 16 tokens), or each row warp its own. env DS_W4A16_COPY_WARP = 1 (default) | 0; tests may switch it.
+bool w4a16_gemv_copy_warp();
+void set_w4a16_gemv_copy_warp(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
 // (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).
-// Tiled: u32 [ceil(N/16) * 16 * K/8] and scales f32 [ceil(N/16) * 16 * K/group].
+// Tiled: u32 [ceil(N/16), w4a16_tiled_block_words(K, group)], scales inside.
 bool w4a16_tiled_supports(int K, int group);  // group a power of two >= 64 dividing K
-void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, float* tiled_scales, int N,
-                         int K, int group, cudaStream_t s);
+int64_t w4a16_tiled_block_words(int K, int group);  // u32 words of one 16-row block
+void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, int N, int K, int group,
+                         cudaStream_t s);
 int w4a16_gemv_splits(int T, int N, int K);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
-void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
-                       float* partial, int* counters, int splits, int T, int N, int K, int group, cudaStream_t s);
+void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
+                       int splits, int T, int N, int K, int group, cudaStream_t s);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T)
-void launch_w4a16_dequant(const uint32_t* tiled, const float* tiled_scales, bf16* w, int N, int K, int group,
-                          cudaStream_t s);
+void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, cudaStream_t s);
 
 // Int8 group-128 rows (ops/int8_rows.h): w bf16 [rows, H] -> q i8 [rows, H], scales f32 [rows, H/128]
 void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s);

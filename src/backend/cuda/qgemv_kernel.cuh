@@ -72,22 +72,33 @@ __device__ __forceinline__ uint32_t bytes_to_bf16x2(uint32_t t) {
   return bf16x2_sub((t & 0x007F007Fu) | 0x43004300u, (t & 0x00800080u) | 0x43004300u);
 }
 
-// W4A16 repacked at load (w4a16.cu): u32 [NB, K/64, 32 lanes, 4] and scales f32 [NB, K/group, 8, 2].
+// W4A16 repacked at load (w4a16.cu): for each 16-row block, ceil(K / 256) units of kUnitChunks
+// chunks, each unit `slots` scale slots (f32 [8 g][2]: rows g, g + 8 of one group) followed by
+// its chunks (u32 [kUnitChunks][32 lanes][4]), so a unit is one contiguous copy.
+constexpr int kUnitChunks = 4;    // chunks per unit
+constexpr int kChunkBytes = 512;  // one chunk of a 16-row block: a uint4 per lane
+constexpr int kSlotBytes = 64;    // one scale slot
 struct W4Tiled {
-  const uint4* q;         // one uint4 per (16-row block, chunk, lane)
-  const float2* scales;   // (row g, row g + 8) per (16-row block, group, g)
-  int n_chunks;           // K / 64
-  int n_groups;           // K / group
-  int group_shift;        // log2(group / 64)
+  const unsigned char* base;
+  int n_chunks;    // K / 64
+  int n_units;     // ceil(n_chunks / kUnitChunks)
+  int unit_bytes;  // slots * kSlotBytes + kUnitChunks * kChunkBytes
+  int slots;       // kUnitChunks >> slot_shift
+  int slot_shift;  // min(log2(group / 64), 2): chunk u of a unit has its scales in slot u >> slot_shift
+
+  __device__ __forceinline__ int64_t unit_offset(int rb, int u) const { return (int64_t(rb) * n_units + u) * unit_bytes; }
+  __device__ __forceinline__ const unsigned char* unit(int rb, int u) const { return base + unit_offset(rb, u); }
 
   struct Frag {
     uint4 w;    // word j: k-step j, nibbles r and r + 4 = A register r
     float2 s;   // scales of rows g, g + 8
   };
   __device__ __forceinline__ Frag load(int rb, int c, int lane, int /*N*/) const {
+    const unsigned char* u = unit(rb, c / kUnitChunks);
+    const int cu = c % kUnitChunks;
     Frag f;
-    f.w = load_stream(q + (int64_t(rb) * n_chunks + c) * 32 + lane);
-    f.s = __ldg(scales + (int64_t(rb) * n_groups + (c >> group_shift)) * 8 + lane / 4);
+    f.w = load_stream(u + slots * kSlotBytes + cu * kChunkBytes + 16 * lane);
+    f.s = __ldg(reinterpret_cast<const float2*>(u + (cu >> slot_shift) * kSlotBytes) + lane / 4);
     return f;
   }
   __device__ __forceinline__ void a_frag(const Frag& f, int j, uint32_t (&a)[4]) const {
@@ -163,8 +174,10 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
   }
 }
 
-// The block's results to out: directly without split-K, else through the partials (the last
-// block of the tile sums them). Every thread of the block calls it.
+// The block's kWarps warps' results to out: directly without split-K, else through the partials
+// (the last block of the tile sums them). Threads 0 .. kWarps * 32 - 1 call it, and only they:
+// they meet at named barrier 1 (a TMA block's copy warp has left by then).
+__device__ __forceinline__ void row_warps_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory"); }
 template <int NT>
 __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const OutParts& out,
                                               float* __restrict__ partial, int* __restrict__ counters, int T, int N,
@@ -192,13 +205,13 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
     }
   __shared__ int is_last;
   __threadfence();  // partials visible device-wide before the counter moves
-  __syncthreads();
+  row_warps_sync();
   if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
-  __syncthreads();
+  row_warps_sync();
   if (!is_last) return;
   __threadfence();
   const int n0 = blockIdx.x * kTileRows;
-  for (int i = threadIdx.x; i < T * kTileRows; i += blockDim.x) {
+  for (int i = threadIdx.x; i < T * kTileRows; i += kWarps * 32) {
     const int t = i / kTileRows, n = n0 + i % kTileRows;
     if (n >= N) continue;
     float s = 0.f;

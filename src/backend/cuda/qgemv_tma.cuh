@@ -2,48 +2,47 @@
 // same work split, fragments and results as the register GEMV (qgemv_kernel.cuh), fed from a ring
 // of shared-memory stages instead of registers.
 //
-// Each warp streams its own 16-row block: in the tiled layout (w4a16.cu) a block's chunks are
-// contiguous, 512 bytes each, and so are its scales, 64 bytes per group. Lane 0 of the warp
-// copies kStageChunks chunks and their scales into a stage with two bulk copies completing on
-// the stage's mbarrier, and keeps kStages stages in flight: a stage is refilled as soon as the
-// warp has read it. So the loads never wait for the arithmetic, no registers hold weights in
-// flight, and the first stages are requested before pdl_wait (no kernel writes weights), while
-// the previous kernel still runs.
+// Each row warp streams its own 16-row block: in the tiled layout (w4a16.cu) a block's units are
+// contiguous, each its scales and 4 chunks, so a stage is one unit and one bulk copy completing
+// on the stage's `full` mbarrier. A ring of S stages per row warp keeps the copies in flight, the
+// first requested before pdl_wait (no kernel writes weights) while the previous kernel still runs.
+// Who requests the rest:
+//   CopyWarp: a ninth warp does (lane 0), refilling a slot once its row warp has arrived on the
+//     slot's `empty` mbarrier, so the row warps never wait for the copy unit to take a request;
+//   else: lane 0 of each row warp refills the slot it has just read.
 //
-// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block first copies its inputs for its chunk range into shared
-// memory, which every warp reads; otherwise each lane reads them through L1, at 4 or more tiles a
-// stage's before its wait.
+// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block
+// first copies its inputs for its chunk range into shared memory, which every warp reads;
+// otherwise each lane reads them through L1, at 4 or more tiles a stage's before its wait.
 #pragma once
 
 #include "backend/cuda/qgemv_kernel.cuh"
 
 namespace ds::cuda::qgemv {
 
-constexpr int kStageChunks = 4;  // chunks per stage (2 KB of weights)
-// Stages per warp: 4, or 3 with the inputs in shared memory (3 stages keep 2 x 24 warps x 2 KB in
-// flight an SM, several times what the copy rate needs).
+// Stages per row warp: 4, or 3 with the inputs in shared memory (3 x 2 KB x 24 warps an SM in
+// flight, several times what the copy rate needs).
 __host__ __device__ constexpr int stages_for(bool x_smem) { return x_smem ? 3 : 4; }
-
-// One warp's ring. Scales: the groups a stage's chunks touch, at most one per chunk.
-template <int S>
-struct TmaWarpRing {
-  uint4 w[S][kStageChunks * 32];   // u32 [stage][chunk][lane][4]: the tiled words
-  float2 s[S][kStageChunks * 8];   // f32 [stage][group][g][2]: the tiled scales
-  uint64_t bar[S];
-};
-template <int S>
-constexpr size_t kRingBytes = sizeof(TmaWarpRing<S>) * kWarps;
+// The largest unit (group 64: 4 scale slots).
+constexpr int kMaxUnitBytes = kUnitChunks * (kSlotBytes + kChunkBytes);
+// Threads of a block: the row warps, and with CopyWarp the copy warp after them.
+__host__ __device__ constexpr int tma_threads(bool copy_warp) { return (kWarps + (copy_warp ? 1 : 0)) * 32; }
 // The most a block may take for 3 blocks an SM (228 KiB, each block also holding 1 KiB for the
 // system and a few bytes of static shared memory).
 constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
-// Chunks [c_begin, c_end) of this block's split, in whole stages: every stage but a warp's last
-// starts at a multiple of kStageChunks, so chunk u of a stage has its scales at group (u >> shift)
-// of the stage's copy (groups are powers of two of at least one chunk).
+// A block's shared memory: mbarriers full[kWarps][S] and empty[kWarps][S], the rings
+// u8 [kWarps][S][unit_bytes] (16-byte aligned after the barriers), then the inputs with XSmem.
+inline size_t tma_ring_bytes(int stages, int unit_bytes) {
+  return size_t(kWarps) * stages * (2 * sizeof(uint64_t) + unit_bytes);
+}
+
+// Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
+// the end of K).
 __device__ __forceinline__ void stage_split_range(int K, int& c_begin, int& c_end) {
-  const int n_chunks = K / kChunk, units = (n_chunks + kStageChunks - 1) / kStageChunks;
-  c_begin = min(n_chunks, static_cast<int>(int64_t(blockIdx.y) * units / gridDim.y) * kStageChunks);
-  c_end = min(n_chunks, static_cast<int>(int64_t(blockIdx.y + 1) * units / gridDim.y) * kStageChunks);
+  const int n_chunks = K / kChunk, units = (n_chunks + kUnitChunks - 1) / kUnitChunks;
+  c_begin = min(n_chunks, static_cast<int>(int64_t(blockIdx.y) * units / gridDim.y) * kUnitChunks);
+  c_end = min(n_chunks, static_cast<int>(int64_t(blockIdx.y + 1) * units / gridDim.y) * kUnitChunks);
 }
 
 // xv[v][nt][h] = the lane's input columns [8h, 8h + 8) of its 16 in chunk u0 + v of a stage, in
@@ -62,19 +61,19 @@ __device__ __forceinline__ void load_inputs(const __nv_bfloat16* const (&xs)[NT]
       }
 }
 
-// acc += V chunks of a stage (from chunk u0 of ring slot `slot`), their k-steps interleaved so the
-// V accumulator chains of the tensor cores overlap. xv: their inputs (load_inputs); soff: the
-// stage's scale offset of chunk u (u >> shift groups of 8).
-template <int NT, int V, class Ring>
-__device__ __forceinline__ void stage_chunks(const Ring& ring, int slot, int u0, int lane,
-                                             const uint4 (&xv)[V][NT][2], const int (&soff)[kStageChunks],
+// acc += V chunks of a stage (from chunk u0; chunks: the stage's u32 [kUnitChunks][32][4], scales:
+// its slots f32 [slots][8][2]), their k-steps interleaved so the V accumulator chains of the tensor
+// cores overlap. xv: their inputs (load_inputs); soff[u]: chunk u's scales, in float2 of `scales`.
+template <int NT, int V>
+__device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* scales, int u0, int lane,
+                                             const uint4 (&xv)[V][NT][2], const int (&soff)[kUnitChunks],
                                              float (&acc)[NT][4]) {
   uint4 wv[V];
   float2 sv[V];
 #pragma unroll
   for (int v = 0; v < V; ++v) {
-    wv[v] = ring.w[slot][(u0 + v) * 32 + lane];
-    sv[v] = ring.s[slot][soff[u0 + v] + lane / 4];
+    wv[v] = chunks[(u0 + v) * 32 + lane];
+    sv[v] = scales[soff[u0 + v] + lane / 4];
   }
   float p[V][NT][4] = {};
 #pragma unroll
@@ -104,54 +103,57 @@ __device__ __forceinline__ void stage_chunks(const Ring& ring, int slot, int u0,
 // 16 bytes longer than the most chunks a block of `splits` takes from K, so the 8 rows a warp
 // reads at once fall in different banks.
 inline int tma_x_stride(int K, int splits) {
-  const int units = (K / kChunk + kStageChunks - 1) / kStageChunks;
-  return (units + splits - 1) / splits * kStageChunks * kChunk + 8;
+  const int units = (K / kChunk + kUnitChunks - 1) / kUnitChunks;
+  return (units + splits - 1) / splits * kUnitChunks * kChunk + 8;
 }
-// A block's shared memory with XSmem: the ring and T rows of inputs.
-inline size_t tma_x_smem_bytes(int T, int K, int splits) {
-  return kRingBytes<stages_for(true)> + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
+// A block's shared memory with XSmem: the rings and T rows of inputs.
+inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes) {
+  return tma_ring_bytes(stages_for(true), unit_bytes) + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
 }
 
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
 // x_stride: tma_x_stride (XSmem).
-template <int NT, int MinBlocks, bool XAhead, bool XSmem>
-__global__ void __launch_bounds__(kWarps * 32, MinBlocks)
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp>
+__global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
                      int* __restrict__ counters, int T, int N, int K, int x_stride) {
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
-  constexpr int kStages = stages_for(XSmem);
+  constexpr int S = stages_for(XSmem);
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [kWarps][S]: the stage's copy has landed
+  uint64_t* empty = full + kWarps * S;                      // [kWarps][S]: its row warp has read it
+  unsigned char* rings = smem_raw + 2 * kWarps * S * sizeof(uint64_t);
+  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + kWarps * S * w.unit_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  TmaWarpRing<kStages>& ring = reinterpret_cast<TmaWarpRing<kStages>*>(smem_raw)[warp];
-  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw + kRingBytes<kStages>);
-  const int rb = blockIdx.x * kWarps + warp;
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
-  const int n_stages = rb * 16 < N ? (c_end - c_begin + kStageChunks - 1) / kStageChunks : 0;
-  const uint4* block_q = w.q + int64_t(rb) * w.n_chunks * 32;
-  const float2* block_s = w.scales + int64_t(rb) * w.n_groups * 8;
+  const int n_stages = (c_end - c_begin + kUnitChunks - 1) / kUnitChunks;
+  const int row_warps = min(kWarps, (N - static_cast<int>(blockIdx.x) * kTileRows + 15) / 16);  // with rows
 
-  // Stage i (chunks from c_begin + i kStageChunks) into slot i % kStages; lane 0 only.
-  auto request = [&](int i) {
-    const int c0 = c_begin + i * kStageChunks, n = min(kStageChunks, c_end - c0), slot = i % kStages;
-    const int g0 = c0 >> w.group_shift, groups = ((c0 + n - 1) >> w.group_shift) - g0 + 1;
-    mbar_arrive_expect_tx(&ring.bar[slot], n * 512 + groups * 64);
-    bulk_copy_g2s(ring.w[slot], block_q + int64_t(c0) * 32, n * 512, &ring.bar[slot]);
-    bulk_copy_g2s(ring.s[slot], block_s + int64_t(g0) * 8, groups * 64, &ring.bar[slot]);
+  // Stage i of row warp wp (unit c_begin / kUnitChunks + i of its 16-row block) into slot i % S.
+  auto request = [&](int wp, int i) {
+    const int n = min(kUnitChunks, c_end - c_begin - i * kUnitChunks), slot = wp * S + i % S;
+    const uint32_t bytes = n == kUnitChunks ? w.unit_bytes : w.slots * kSlotBytes + n * kChunkBytes;
+    mbar_arrive_expect_tx(&full[slot], bytes);
+    bulk_copy_g2s(rings + slot * w.unit_bytes, w.unit(blockIdx.x * kWarps + wp, c_begin / kUnitChunks + i), bytes,
+                  &full[slot]);
   };
-  if (lane == 0 && n_stages > 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init(&ring.bar[i], 1);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kWarps * S; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 1);
+    }
     mbar_init_fence();
-    for (int i = 0; i < min(kStages, n_stages); ++i) request(i);
   }
-  __syncwarp();
+  __syncthreads();
+  if (CopyWarp ? (warp == kWarps && lane == 0) : (lane == 0 && warp < row_warps))
+    for (int i = 0; i < min(S, n_stages); ++i)
+      for (int wp = CopyWarp ? 0 : warp; wp < (CopyWarp ? row_warps : warp + 1); ++wp) request(wp, i);
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
 
-  // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
-  const __nv_bfloat16* xs[NT];
-  if constexpr (XSmem) {
+  if constexpr (XSmem) {  // every thread copies
     const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a row
     for (int i = threadIdx.x; i < T * row; i += blockDim.x) {
       const int t = i / row, e = i % row * 8;
@@ -159,67 +161,86 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
           __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K + int64_t(c_begin) * kChunk + e));
     }
     __syncthreads();
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xs[nt] = x_smem + min(nt * 8 + lane / 4, T - 1) * x_stride + 16 * (lane % 4);
-  } else {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-      xs[nt] = x + int64_t(min(nt * 8 + lane / 4, T - 1)) * K + int64_t(c_begin) * kChunk + 16 * (lane % 4);
   }
-  int soff[kStageChunks];
+  if (CopyWarp && warp == kWarps) {
+    if (lane == 0)
+      for (int i = S; i < n_stages; ++i)
+        for (int wp = 0; wp < row_warps; ++wp) {
+          mbar_wait(&empty[wp * S + i % S], (i / S - 1) & 1);  // stage i - S read
+          request(wp, i);
+        }
+    return;  // the row warps meet without this warp from here on (store_results)
+  }
+
+  // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
+  const __nv_bfloat16* xs[NT];
 #pragma unroll
-  for (int u = 0; u < kStageChunks; ++u) soff[u] = (u >> w.group_shift) * 8;
+  for (int nt = 0; nt < NT; ++nt) {
+    const int t = min(nt * 8 + lane / 4, T - 1);
+    xs[nt] = XSmem ? x_smem + t * x_stride + 16 * (lane % 4)
+                   : x + int64_t(t) * K + int64_t(c_begin) * kChunk + 16 * (lane % 4);
+  }
+  int soff[kUnitChunks];
+#pragma unroll
+  for (int u = 0; u < kUnitChunks; ++u) soff[u] = (u >> w.slot_shift) * 8;
 
   float acc[NT][4] = {};
-  for (int i = 0; i < n_stages; ++i) {
-    const int slot = i % kStages, n = min(kStageChunks, c_end - c_begin - i * kStageChunks);
-    if (n == kStageChunks) {
+  const int my_stages = warp < row_warps ? n_stages : 0;
+  for (int i = 0; i < my_stages; ++i) {
+    const int slot = warp * S + i % S, n = min(kUnitChunks, c_end - c_begin - i * kUnitChunks);
+    const float2* scales = reinterpret_cast<const float2*>(rings + slot * w.unit_bytes);
+    const uint4* chunks = reinterpret_cast<const uint4*>(rings + slot * w.unit_bytes + w.slots * kSlotBytes);
+    if (n == kUnitChunks) {
       if constexpr (XAhead) {
-        uint4 xv[kStageChunks][NT][2];
-        load_inputs<NT, kStageChunks, XSmem>(xs, 0, xv);
-        mbar_wait(&ring.bar[slot], (i / kStages) & 1);
+        uint4 xv[kUnitChunks][NT][2];
+        load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
+        mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-        for (int u0 = 0; u0 < kStageChunks; u0 += V)
-          stage_chunks<NT, V>(ring, slot, u0, lane, reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
+        for (int u0 = 0; u0 < kUnitChunks; u0 += V)
+          stage_chunks<NT, V>(chunks, scales, u0, lane, reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff,
+                              acc);
       } else {
-        mbar_wait(&ring.bar[slot], (i / kStages) & 1);
+        mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-        for (int u0 = 0; u0 < kStageChunks; u0 += V) {
+        for (int u0 = 0; u0 < kUnitChunks; u0 += V) {
           uint4 xv[V][NT][2];
           load_inputs<NT, V, XSmem>(xs, u0, xv);
-          stage_chunks<NT, V>(ring, slot, u0, lane, xv, soff, acc);
+          stage_chunks<NT, V>(chunks, scales, u0, lane, xv, soff, acc);
         }
       }
-    } else {  // a warp's last stage, at the end of K: n < kStageChunks
-      mbar_wait(&ring.bar[slot], (i / kStages) & 1);
+    } else {  // a warp's last stage, at the end of K: n < kUnitChunks
+      mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-      for (int u0 = 0; u0 < kStageChunks - 1; ++u0)
+      for (int u0 = 0; u0 < kUnitChunks - 1; ++u0)
         if (u0 < n) {
           uint4 xv[1][NT][2];
           load_inputs<NT, 1, XSmem>(xs, u0, xv);
-          stage_chunks<NT, 1>(ring, slot, u0, lane, xv, soff, acc);
+          stage_chunks<NT, 1>(chunks, scales, u0, lane, xv, soff, acc);
         }
     }
     __syncwarp();  // every lane has read the slot before it is refilled
-    if (lane == 0 && i + kStages < n_stages) request(i + kStages);
+    if (lane == 0) {
+      if constexpr (CopyWarp) mbar_arrive(&empty[slot]);
+      else if (i + S < my_stages) request(warp, i + S);
+    }
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xs[nt] += kStageChunks * kChunk;
+    for (int nt = 0; nt < NT; ++nt) xs[nt] += kUnitChunks * kChunk;
   }
-  store_results<NT>(acc, out, partial, counters, T, N, rb, lane);
+  store_results<NT>(acc, out, partial, counters, T, N, blockIdx.x * kWarps + warp, lane);
 }
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
-template <int NT, int MinBlocks, bool XAhead, bool XSmem>
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp>
 int tma_kernel_ready() {
   static const int sms = [] {
+    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, CopyWarp>;
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     cudaFuncAttributes attr{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>));
-    CUDA_CHECK(cudaFuncSetAttribute(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     max_smem - static_cast<int>(attr.sharedSizeBytes)));
     CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
@@ -227,38 +248,39 @@ int tma_kernel_ready() {
   return sms;
 }
 
-// Blocks of the kernel with the inputs read through L1 resident on the whole GPU (which decides
-// the splits; the inputs then fit in shared memory or not); asked once.
-template <int NT, int MinBlocks, bool XAhead>
+// Blocks of the kernel with the inputs read through L1 resident on the whole GPU, for the largest
+// unit (which decides the splits; the inputs then fit in shared memory or not); asked once.
+template <int NT, int MinBlocks, bool XAhead, bool CopyWarp>
 int tma_resident_blocks() {
   static const int n = [] {
-    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false>();
+    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp>();
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false>,
-                                                             kWarps * 32, kRingBytes<stages_for(false)>));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp>, tma_threads(CopyWarp),
+        tma_ring_bytes(stages_for(false), kMaxUnitBytes)));
     return sms * std::max(per_sm, 1);
   }();
   return n;
 }
 
-// XSmem is taken at one token tile when the block's inputs fit beside the ring with 3 blocks an SM
-// (and x_smem_allowed).
-template <int NT, int MinBlocks, bool XAhead>
+// XSmem is taken at one token tile when the block's inputs fit beside the rings with 3 blocks an
+// SM (and x_smem_allowed).
+template <int NT, int MinBlocks, bool XAhead, bool CopyWarp>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
                 int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
-  const dim3 grid((N + kTileRows - 1) / kTileRows, splits);
+  const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(tma_threads(CopyWarp));
   if constexpr (NT == 1) {
-    const size_t x_smem = tma_x_smem_bytes(T, K, splits);
+    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes);
     if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
-      tma_kernel_ready<NT, MinBlocks, XAhead, true>();
-      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, dim3(kWarps * 32), x_smem, s,
-                    w, x, out, partial, counters, T, N, K, tma_x_stride(K, splits));
+      tma_kernel_ready<NT, MinBlocks, XAhead, true, CopyWarp>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, CopyWarp>, grid, block, x_smem, s, w,
+                    x, out, partial, counters, T, N, K, tma_x_stride(K, splits));
       return;
     }
   }
-  tma_kernel_ready<NT, MinBlocks, XAhead, false>();
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, dim3(kWarps * 32),
-                kRingBytes<stages_for(false)>, s, w, x, out, partial, counters, T, N, K, 0);
+  tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp>();
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp>, grid, block,
+                tma_ring_bytes(stages_for(false), w.unit_bytes), s, w, x, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

@@ -1,13 +1,17 @@
-// W4A16 linears. Checkpoints keep the compressed-tensors layout (packed i32 [N, K/8], nibble j
-// of word c = column 8c+j stored as q+8; f32 scales [N, K/group]); at load the CUDA backend
-// repacks each weight once into the GEMV's tiled layout:
-//   tiled u32 [NB = ceil(N/16), K/64, 32 lanes, 4 words]: the uint4 of (16-row block rb, 64-column
-//     chunk c, lane) holds the lane's mma A operands for the chunk's 4 k-steps (qgemv_kernel.cuh):
-//     word j = k-step j; with g = lane/4, q = lane%4, b = 64c + 16q + 4j, nibble r (r = 0..3) of
-//     word j holds W[16rb + g + 8(r&1)][b + 2(r>>1)] and nibble r + 4 the next column (both as
-//     q + 8), so `(word >> 4r) & 0x000F000F` is A register r as a pair. One warp reads 512
-//     contiguous bytes per chunk. Rows past N hold q = 0.
-//   tiled scales f32 [NB, K/group, 8, 2]: (row 16rb + g, row 16rb + g + 8), 0 past N.
+// W4A16 linears. Checkpoints keep the compressed-tensors layout (packed i32 [N, K/8], nibble j of
+// word c = column 8c+j stored as q+8; f32 scales [N, K/group]); at load the CUDA backend repacks
+// each weight once into the GEMV's tiled layout, one buffer:
+//   for each 16-row block rb, ceil(K/256) units; unit u = `slots` scale slots, then chunks 4u ..
+//   4u + 3 (64 columns each; a short last unit keeps the full size, its missing chunks unused):
+//   - scale slot i: f32 [8 g][2] = rows (16rb + g, 16rb + g + 8) of the group of chunk 4u + (i <<
+//     slot_shift), where slot_shift = min(log2(group / 64), 2) and slots = 4 >> slot_shift (so
+//     groups of 64, 128 and 256 columns are stored once, larger groups once a unit);
+//   - chunk c: u32 [32 lanes][4 words]: the uint4 of a lane holds its mma A operands for the
+//     chunk's 4 k-steps (qgemv_kernel.cuh): word j = k-step j; with g = lane/4, q = lane%4,
+//     b = 64c + 16q + 4j, nibble r (r = 0..3) of word j holds W[16rb + g + 8(r&1)][b + 2(r>>1)] and
+//     nibble r + 4 the next column (both as q + 8), so `(word >> 4r) & 0x000F000F` is A register r
+//     as a pair. Rows past N hold q = 0 and scale 0.
+// So one warp's stage of the copy-unit GEMV is one contiguous unit (2,176 bytes at group 128).
 // Small T (decode, verify; up to 64 per launch) runs a tensor-core GEMV streaming the weights
 // once for all tokens, fed by the copy unit (qgemv_tma.cuh) or, with DS_W4A16_GEMV=regs, through
 // registers (qgemv_kernel.cuh); large T (prefill) dequantises to a bf16 matrix for cuBLAS.
@@ -32,13 +36,26 @@ int log2_exact(int v) {
   return s;
 }
 
-W4Tiled tiled_weight(const uint32_t* tiled, const float* tiled_scales, int K, int group) {
-  return W4Tiled{reinterpret_cast<const uint4*>(tiled), reinterpret_cast<const float2*>(tiled_scales), K / 64,
-                 K / group, log2_exact(group / 64)};
+// The unit geometry of a group size (w4a16_tiled_supports).
+struct UnitShape {
+  int slot_shift, slots, bytes;
+  explicit UnitShape(int group)
+      : slot_shift(std::min(log2_exact(group / 64), 2)),
+        slots(qgemv::kUnitChunks >> slot_shift),
+        bytes(slots * qgemv::kSlotBytes + qgemv::kUnitChunks * qgemv::kChunkBytes) {}
+};
+int units_of(int K) { return (K / 64 + qgemv::kUnitChunks - 1) / qgemv::kUnitChunks; }
+
+W4Tiled tiled_weight(const uint32_t* tiled, int K, int group) {
+  const UnitShape us(group);
+  return W4Tiled{reinterpret_cast<const unsigned char*>(tiled), K / 64, units_of(K), us.bytes, us.slots,
+                 us.slot_shift};
 }
 
-// One thread per tiled word; index i = ((rb * n_chunks + c) * 32 + lane) * 4 + j.
-__global__ void w4a16_repack_kernel(const uint32_t* packed, uint32_t* tiled, int64_t n_words, int N, int K) {
+// One thread per chunk word; index i = ((rb * n_chunks + c) * 32 + lane) * 4 + j. tiled: the
+// buffer of w (w gives the geometry).
+__global__ void w4a16_repack_kernel(const uint32_t* packed, W4Tiled w, unsigned char* tiled, int64_t n_words, int N,
+                                    int K) {
   const int n_chunks = K / 64;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
     const int j = static_cast<int>(i % 4), lane = static_cast<int>((i / 4) % 32);
@@ -56,37 +73,46 @@ __global__ void w4a16_repack_kernel(const uint32_t* packed, uint32_t* tiled, int
         out |= ((src >> (4 * m)) & 15u) << (4 * nib);
       }
     }
-    tiled[i] = out;
+    unsigned char* chunk = tiled + w.unit_offset(static_cast<int>(rb), c / qgemv::kUnitChunks) +
+                           w.slots * qgemv::kSlotBytes + (c % qgemv::kUnitChunks) * qgemv::kChunkBytes;
+    reinterpret_cast<uint32_t*>(chunk)[lane * 4 + j] = out;
   }
 }
 
-// One thread per tiled scale; index i = ((rb * n_groups + grp) * 8 + g) * 2 + half.
-__global__ void w4a16_repack_scales_kernel(const float* scales, float* tiled, int64_t n, int N, int n_groups) {
+// One thread per scale; index i = (((rb * n_units + u) * slots + slot) * 8 + g) * 2 + half.
+__global__ void w4a16_repack_scales_kernel(const float* scales, W4Tiled w, unsigned char* tiled, int64_t n, int N,
+                                           int group_shift) {
+  const int n_groups = w.n_chunks >> group_shift;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int half = static_cast<int>(i % 2), g = static_cast<int>((i / 2) % 8);
-    const int grp = static_cast<int>((i / 16) % n_groups);
-    const int64_t row = (i / (16 * int64_t(n_groups))) * 16 + g + 8 * half;
-    tiled[i] = row < N ? scales[row * n_groups + grp] : 0.f;
+    const int slot = static_cast<int>((i / 16) % w.slots), u = static_cast<int>((i / 16 / w.slots) % w.n_units);
+    const int64_t rb = i / (16 * int64_t(w.slots) * w.n_units);
+    const int64_t row = rb * 16 + g + 8 * half;
+    const int c = u * qgemv::kUnitChunks + (slot << w.slot_shift);  // the slot's first chunk
+    const float v = row < N && c < w.n_chunks ? scales[row * n_groups + (c >> group_shift)] : 0.f;
+    reinterpret_cast<float*>(tiled + w.unit_offset(static_cast<int>(rb), u))[slot * 16 + g * 2 + half] = v;
   }
 }
 
-// One thread per tiled word: 8 bf16 weights, 4 in row g and 4 in row g + 8.
-__global__ void w4a16_dequant_kernel(const uint32_t* tiled, const float* tiled_scales, bf16* w, int64_t n_words, int N,
-                                     int K, int group) {
-  const int n_chunks = K / 64, n_groups = K / group;
+// One thread per chunk word: 8 bf16 weights, 4 in row g and 4 in row g + 8.
+__global__ void w4a16_dequant_kernel(W4Tiled w, bf16* out, int64_t n_words, int N, int K) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
     const int j = static_cast<int>(i % 4), lane = static_cast<int>((i / 4) % 32);
-    const int c = static_cast<int>((i / 128) % n_chunks);
-    const int64_t rb = i / (128 * int64_t(n_chunks));
+    const int c = static_cast<int>((i / 128) % w.n_chunks);
+    const int rb = static_cast<int>(i / (128 * int64_t(w.n_chunks)));
     const int b = c * 64 + 16 * (lane % 4) + 4 * j;
-    const uint32_t word = tiled[i];
+    const unsigned char* unit = w.unit(rb, c / qgemv::kUnitChunks);
+    const int cu = c % qgemv::kUnitChunks;
+    const uint32_t word =
+        reinterpret_cast<const uint32_t*>(unit + w.slots * qgemv::kSlotBytes + cu * qgemv::kChunkBytes)[lane * 4 + j];
+    const float* slot = reinterpret_cast<const float*>(unit + (cu >> w.slot_shift) * qgemv::kSlotBytes);
     for (int half = 0; half < 2; ++half) {
-      const int64_t row = rb * 16 + lane / 4 + 8 * half;
+      const int64_t row = int64_t(rb) * 16 + lane / 4 + 8 * half;
       if (row >= N) continue;
-      const float s = tiled_scales[((rb * n_groups + b / group) * 8 + lane / 4) * 2 + half];
+      const float s = slot[(lane / 4) * 2 + half];
       for (int m = 0; m < 4; ++m) {
         const int nib = (m & 1) * 4 + (m >> 1) * 2 + half;
-        w[row * K + b + m] = to_bf16(static_cast<float>(static_cast<int>((word >> (4 * nib)) & 15u) - 8) * s);
+        out[row * K + b + m] = to_bf16(static_cast<float>(static_cast<int>((word >> (4 * nib)) & 15u) - 8) * s);
       }
     }
   }
@@ -109,16 +135,22 @@ bool w4a16_tiled_supports(int K, int group) {
   return group >= 64 && (group & (group - 1)) == 0 && K % group == 0;
 }
 
-void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, float* tiled_scales, int N,
-                         int K, int group, cudaStream_t s) {
+int64_t w4a16_tiled_block_words(int K, int group) { return int64_t(units_of(K)) * UnitShape(group).bytes / 4; }
+
+void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, int N, int K, int group,
+                         cudaStream_t s) {
   DS_ASSERT(w4a16_tiled_supports(K, group), "W4A16 tiles need a power-of-two group >= 64 dividing K (K %d, group %d)",
             K, group);
+  const W4Tiled w = tiled_weight(tiled, K, group);
   const int64_t nb = (N + 15) / 16;
+  // The short last unit's missing chunks are never read, but zeroed all the same.
+  CUDA_CHECK(cudaMemsetAsync(tiled, 0, nb * w4a16_tiled_block_words(K, group) * 4, s));
   const int64_t n_words = nb * (K / 64) * 128;
-  w4a16_repack_kernel<<<grid_for(n_words), 256, 0, s>>>(packed, tiled, n_words, N, K);
+  auto* bytes = reinterpret_cast<unsigned char*>(tiled);
+  w4a16_repack_kernel<<<grid_for(n_words), 256, 0, s>>>(packed, w, bytes, n_words, N, K);
   cuda_check_launch("w4a16_repack", s);
-  const int64_t n_scales = nb * (K / group) * 16;
-  w4a16_repack_scales_kernel<<<grid_for(n_scales), 256, 0, s>>>(scales, tiled_scales, n_scales, N, K / group);
+  const int64_t n_scales = nb * w.n_units * w.slots * 16;
+  w4a16_repack_scales_kernel<<<grid_for(n_scales), 256, 0, s>>>(scales, w, bytes, n_scales, N, log2_exact(group / 64));
   cuda_check_launch("w4a16_repack_scales", s);
 }
 
@@ -129,6 +161,7 @@ namespace {
 int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
+bool g_copy_warp = env_flag("DS_W4A16_COPY_WARP", true);
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
@@ -138,11 +171,12 @@ int g_tokens = [] {
 // A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp; TMA kernel:
 // registers capped for 3 blocks an SM (what its shared memory allows) at one tile, and at 4 or
 // more tiles a stage's inputs loaded before its wait (measured on the H200 at 1 and 4 tiles:
-// docs/perf/2026-11-29-s5-cuda-27b.md).
+// docs/perf/2026-11-29-s5-cuda-27b.md); a copy warp at up to 2 tiles (DS_W4A16_COPY_WARP; at more
+// the compiler spills the inputs loaded ahead).
 template <int NT_, int U_>
 struct Kernel {
   static constexpr int NT = NT_, U = U_, TmaMinBlocks = NT_ == 1 ? 3 : 0;
-  static constexpr bool TmaXAhead = NT_ >= 4;
+  static constexpr bool TmaXAhead = NT_ >= 4, TmaCopyWarp = NT_ <= 2;
 };
 
 // f(Kernel<NT, U>) for the kernel that serves T <= 8 NT tokens: U = 8 chunks in flight per warp
@@ -181,40 +215,49 @@ bool w4a16_gemv_tma() {
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
+bool w4a16_gemv_copy_warp() { return g_copy_warp; }
+void set_w4a16_gemv_copy_warp(bool on) { g_copy_warp = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
-    return w4a16_gemv_tma() ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
-                            : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
+    if (!w4a16_gemv_tma()) return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
+    if constexpr (Kn::TmaCopyWarp)
+      if (g_copy_warp) return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true>();
+    return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
 
-void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const float* tiled_scales, const GemvOut& out,
-                       float* partial, int* counters, int splits, int T, int N, int K, int group, cudaStream_t s) {
+void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
+                       int splits, int T, int N, int K, int group, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
-  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(tiled) % 16 == 0 &&
-                reinterpret_cast<uintptr_t>(tiled_scales) % 16 == 0,
-            "W4A16 GEMV: x, weight and scales must be 16-byte aligned");
+  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(tiled) % 16 == 0,
+            "W4A16 GEMV: x and the weight must be 16-byte aligned");
   const OutParts parts = out_parts(out, N);
-  const W4Tiled w = tiled_weight(tiled, tiled_scales, K, group);
+  const W4Tiled w = tiled_weight(tiled, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
-    if (w4a16_gemv_tma())
-      qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, parts, partial, counters, splits, T, N, K,
-                                                                 g_x_smem, s);
-    else
+    if (!w4a16_gemv_tma()) {
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
+      return;
+    }
+    if constexpr (Kn::TmaCopyWarp)
+      if (g_copy_warp) {
+        qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true>(w, x, parts, partial, counters, splits, T, N,
+                                                                         K, g_x_smem, s);
+        return;
+      }
+    qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false>(w, x, parts, partial, counters, splits, T, N, K,
+                                                                      g_x_smem, s);
   });
 }
 
-void launch_w4a16_dequant(const uint32_t* tiled, const float* tiled_scales, bf16* w, int N, int K, int group,
-                          cudaStream_t s) {
+void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, cudaStream_t s) {
   const int64_t n_words = int64_t((N + 15) / 16) * (K / 64) * 128;
-  w4a16_dequant_kernel<<<grid_for(n_words), 256, 0, s>>>(tiled, tiled_scales, w, n_words, N, K, group);
+  w4a16_dequant_kernel<<<grid_for(n_words), 256, 0, s>>>(tiled_weight(tiled, K, group), w, n_words, N, K);
   cuda_check_launch("w4a16_dequant", s);
 }
 
