@@ -37,7 +37,9 @@ struct GemvSettingsRestored {
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
   bool copy_warp = cuda::w4a16_gemv_copy_warp();
+  int stage_units = cuda::w4a16_gemv_stage_units();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_gemv_stage_units(stage_units);
     cuda::set_w4a16_gemv_copy_warp(copy_warp);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
@@ -154,11 +156,12 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
       // The TMA kernel with inputs in shared memory where they fit, with or without the copy warp, or
-      // through L1; the register kernel.
-      for (int kernel : {0, 1, 2, 3}) {
-        cuda::set_w4a16_gemv_tma(kernel < 3);
-        cuda::set_w4a16_gemv_x_smem(kernel <= 1);
+      // through L1, or with stages of two units; the register kernel.
+      for (int kernel : {0, 1, 2, 3, 4}) {
+        cuda::set_w4a16_gemv_tma(kernel < 4);
+        cuda::set_w4a16_gemv_x_smem(kernel != 2);
         cuda::set_w4a16_gemv_copy_warp(kernel != 1);
+        cuda::set_w4a16_gemv_stage_units(kernel == 3 ? 2 : 1);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
@@ -167,6 +170,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
                                  (kernel == 0   ? " tma"
                                   : kernel == 1 ? " tma without the copy warp"
                                   : kernel == 2 ? " tma without x in smem"
+                                  : kernel == 3 ? " tma, 2 units a stage"
                                                 : " regs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
@@ -295,6 +299,49 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
   }
 }
 
+// The ceilings of the GEMVs' two ways of reading weights (stream_probe.cu), as figures: bulk-copy
+// rings by copy size, stages and warps an SM (2,176 bytes is one W4A16 unit at group 128), and
+// 16-byte loads in flight.
+TEST_F(CudaLinearQuantTest, StreamingCeilings) {
+  struct Bulk {
+    int bytes, stages, threads, blocks_per_sm;
+  };
+  for (Bulk b : std::vector<Bulk>{{1024, 4, 256, 3},
+                                  {2176, 3, 256, 2},
+                                  {2176, 3, 256, 3},
+                                  {2176, 4, 256, 3},
+                                  {2176, 6, 256, 2},
+                                  {4352, 2, 256, 3},
+                                  {4352, 3, 256, 2},
+                                  {8704, 2, 128, 3},
+                                  {8704, 3, 128, 2},
+                                  {16384, 2, 64, 3},
+                                  {16384, 3, 64, 2},
+                                  {32768, 2, 32, 3}}) {
+    cuda::StreamProbe p;
+    p.method = cuda::StreamProbe::kBulk;
+    p.bytes = b.bytes;
+    p.stages = b.stages;
+    p.threads = b.threads;
+    p.blocks_per_sm = b.blocks_per_sm;
+    const double gbps = cuda::stream_probe_gbps(p);
+    EXPECT_GT(gbps, 0);
+    std::printf("[figure] stream bulk %5d B x %d stages, %2d warps x %d blocks an SM: %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+                b.bytes, b.stages, b.threads / 32, b.blocks_per_sm, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+  }
+  for (auto [unroll, threads, blocks] : std::vector<std::array<int, 3>>{{4, 256, 4}, {8, 256, 3}, {8, 512, 2}}) {
+    cuda::StreamProbe p;
+    p.method = cuda::StreamProbe::kLoads;
+    p.unroll = unroll;
+    p.threads = threads;
+    p.blocks_per_sm = blocks;
+    const double gbps = cuda::stream_probe_gbps(p);
+    EXPECT_GT(gbps, 0);
+    std::printf("[figure] stream loads %d x 16 B in flight, %2d warps x %d blocks an SM: %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+                unroll, threads / 32, blocks, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+  }
+}
+
 // Time per call and weight bytes streamed per second, cycling through enough copies of each
 // weight that it never sits in the 50 MB L2.
 TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
@@ -313,14 +360,16 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"mlp down", 5120, 17408, 64, 3}};
   struct Config {
     bool pdl, tma, x_smem, copy_warp;
+    int stage_units;
     const char* name;
   };
-  const std::vector<Config> loops = {{false, false, true, true, "regs plain"},
-                                     {true, false, true, true, "regs pdl"},
-                                     {false, true, true, true, "tma plain"},
-                                     {true, true, true, true, "tma pdl"},
-                                     {true, true, true, false, "tma pdl, no copy warp"},
-                                     {true, true, false, true, "tma pdl, x not in smem"}};
+  const std::vector<Config> loops = {{false, false, true, true, 1, "regs plain"},
+                                     {true, false, true, true, 1, "regs pdl"},
+                                     {false, true, true, true, 1, "tma plain"},
+                                     {true, true, true, true, 1, "tma pdl"},
+                                     {true, true, true, false, 1, "tma pdl, no copy warp"},
+                                     {true, true, true, false, 2, "tma pdl, 2 units a stage"},
+                                     {true, true, false, true, 1, "tma pdl, x not in smem"}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -346,10 +395,11 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
         cuda::set_w4a16_gemv_tma(loops[li].tma);
         cuda::set_w4a16_gemv_x_smem(loops[li].x_smem);
         cuda::set_w4a16_gemv_copy_warp(loops[li].copy_warp);
+        cuda::set_w4a16_gemv_stage_units(loops[li].stage_units);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           // Longer steps: one shape, PDL on.
           if (T > 16 && ((li != 1 && li != 3) || std::string(l.name) != "mlp gate/up")) continue;
-          if (!loops[li].x_smem && T > 8) continue;  // a setting for one token tile
+          if ((!loops[li].x_smem || loops[li].stage_units == 2) && T > 8) continue;  // settings for one token tile
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

@@ -115,9 +115,24 @@ void set_w4a16_gemv_x_smem(bool on);
 // 16 tokens), or each row warp its own. env DS_W4A16_COPY_WARP = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_copy_warp();
 void set_w4a16_gemv_copy_warp(bool on);
+// Units a TMA stage copies at one token tile: 1 (default; 3-4 stages) or 2 (2 stages, no copy
+// warp). env DS_W4A16_STAGE_UNITS; tests may switch it.
+int w4a16_gemv_stage_units();
+void set_w4a16_gemv_stage_units(int n);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();
+
+// A read-only streaming probe (stream_probe.cu): GB/s read from a buffer of `megabytes` by
+// sms * blocks_per_sm blocks of `threads`, either through per-warp rings of `stages` bulk copies
+// of `bytes` (a multiple of 16), or with `unroll` (4 or 8) 16-byte loads in flight per thread.
+struct StreamProbe {
+  enum Method { kBulk, kLoads } method = kBulk;
+  int bytes = 2048, stages = 4, unroll = 8;
+  int threads = 256, blocks_per_sm = 2;
+  int megabytes = 512, reps = 10;
+};
+double stream_probe_gbps(const StreamProbe& p);
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
 // (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).

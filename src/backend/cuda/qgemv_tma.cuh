@@ -20,9 +20,9 @@
 
 namespace ds::cuda::qgemv {
 
-// Stages per row warp: 4, or 3 with the inputs in shared memory (3 x 2 KB x 24 warps an SM in
-// flight, several times what the copy rate needs).
-__host__ __device__ constexpr int stages_for(bool x_smem) { return x_smem ? 3 : 4; }
+// Stages per row warp, of SU units each: 4, or 3 with the inputs in shared memory (3 x 2 KB x 24
+// warps an SM in flight, several times what the copy rate needs); 2 of two units.
+__host__ __device__ constexpr int stages_for(bool x_smem, int su = 1) { return su == 2 ? 2 : x_smem ? 3 : 4; }
 // The largest unit (group 64: 4 scale slots).
 constexpr int kMaxUnitBytes = kUnitChunks * (kSlotBytes + kChunkBytes);
 // Threads of a block: the row warps, and with CopyWarp the copy warp after them.
@@ -32,9 +32,9 @@ __host__ __device__ constexpr int tma_threads(bool copy_warp) { return (kWarps +
 constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
 // A block's shared memory: mbarriers full[kWarps][S] and empty[kWarps][S], the rings
-// u8 [kWarps][S][unit_bytes] (16-byte aligned after the barriers), then the inputs with XSmem.
-inline size_t tma_ring_bytes(int stages, int unit_bytes) {
-  return size_t(kWarps) * stages * (2 * sizeof(uint64_t) + unit_bytes);
+// u8 [kWarps][S][su units] (16-byte aligned after the barriers), then the inputs with XSmem.
+inline size_t tma_ring_bytes(int stages, int unit_bytes, int su) {
+  return size_t(kWarps) * stages * (2 * sizeof(uint64_t) + size_t(su) * unit_bytes);
 }
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
@@ -107,36 +107,41 @@ inline int tma_x_stride(int K, int splits) {
   return (units + splits - 1) / splits * kUnitChunks * kChunk + 8;
 }
 // A block's shared memory with XSmem: the rings and T rows of inputs.
-inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes) {
-  return tma_ring_bytes(stages_for(true), unit_bytes) + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
+inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes, int su) {
+  return tma_ring_bytes(stages_for(true, su), unit_bytes, su) +
+         size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
 }
 
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
-// x_stride: tma_x_stride (XSmem).
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp>
+// x_stride: tma_x_stride (XSmem). SU: units a stage (one copy).
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp, int SU>
 __global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
                      int* __restrict__ counters, int T, int N, int K, int x_stride) {
+  static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
-  constexpr int S = stages_for(XSmem);
+  constexpr int S = stages_for(XSmem, SU);
+  constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [kWarps][S]: the stage's copy has landed
   uint64_t* empty = full + kWarps * S;                      // [kWarps][S]: its row warp has read it
   unsigned char* rings = smem_raw + 2 * kWarps * S * sizeof(uint64_t);
-  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + kWarps * S * w.unit_bytes);
+  const int stage_bytes = SU * w.unit_bytes;
+  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + kWarps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
-  const int n_stages = (c_end - c_begin + kUnitChunks - 1) / kUnitChunks;
+  const int n_stages = (c_end - c_begin + SC - 1) / SC;
   const int row_warps = min(kWarps, (N - static_cast<int>(blockIdx.x) * kTileRows + 15) / 16);  // with rows
 
-  // Stage i of row warp wp (unit c_begin / kUnitChunks + i of its 16-row block) into slot i % S.
+  // Stage i of row warp wp (units c_begin / kUnitChunks + SU i .. of its 16-row block; the last
+  // may end on a short unit) into slot i % S.
   auto request = [&](int wp, int i) {
-    const int n = min(kUnitChunks, c_end - c_begin - i * kUnitChunks), slot = wp * S + i % S;
-    const uint32_t bytes = n == kUnitChunks ? w.unit_bytes : w.slots * kSlotBytes + n * kChunkBytes;
+    const int n = min(SC, c_end - c_begin - i * SC), slot = wp * S + i % S, rem = n % kUnitChunks;
+    const uint32_t bytes = n / kUnitChunks * w.unit_bytes + (rem ? w.slots * kSlotBytes + rem * kChunkBytes : 0);
     mbar_arrive_expect_tx(&full[slot], bytes);
-    bulk_copy_g2s(rings + slot * w.unit_bytes, w.unit(blockIdx.x * kWarps + wp, c_begin / kUnitChunks + i), bytes,
+    bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * kWarps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
   };
   if (threadIdx.x == 0) {
@@ -186,36 +191,44 @@ __global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
 
   float acc[NT][4] = {};
   const int my_stages = warp < row_warps ? n_stages : 0;
+  // Unit su of a stage in ring slot `slot`: its scales, then its chunks.
+  auto unit_scales = [&](int slot, int su) {
+    return reinterpret_cast<const float2*>(rings + slot * stage_bytes + su * w.unit_bytes);
+  };
+  auto unit_chunks = [&](int slot, int su) {
+    return reinterpret_cast<const uint4*>(rings + slot * stage_bytes + su * w.unit_bytes + w.slots * kSlotBytes);
+  };
   for (int i = 0; i < my_stages; ++i) {
-    const int slot = warp * S + i % S, n = min(kUnitChunks, c_end - c_begin - i * kUnitChunks);
-    const float2* scales = reinterpret_cast<const float2*>(rings + slot * w.unit_bytes);
-    const uint4* chunks = reinterpret_cast<const uint4*>(rings + slot * w.unit_bytes + w.slots * kSlotBytes);
-    if (n == kUnitChunks) {
+    const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
+    if (n == SC) {
       if constexpr (XAhead) {
         uint4 xv[kUnitChunks][NT][2];
         load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
         mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
         for (int u0 = 0; u0 < kUnitChunks; u0 += V)
-          stage_chunks<NT, V>(chunks, scales, u0, lane, reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff,
-                              acc);
+          stage_chunks<NT, V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
+                              reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
       } else {
         mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-        for (int u0 = 0; u0 < kUnitChunks; u0 += V) {
-          uint4 xv[V][NT][2];
-          load_inputs<NT, V, XSmem>(xs, u0, xv);
-          stage_chunks<NT, V>(chunks, scales, u0, lane, xv, soff, acc);
-        }
+        for (int su = 0; su < SU; ++su)
+#pragma unroll
+          for (int u0 = 0; u0 < kUnitChunks; u0 += V) {
+            uint4 xv[V][NT][2];
+            load_inputs<NT, V, XSmem>(xs, su * kUnitChunks + u0, xv);
+            stage_chunks<NT, V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, soff, acc);
+          }
       }
-    } else {  // a warp's last stage, at the end of K: n < kUnitChunks
+    } else {  // a warp's last stage, at the end of K: n < SC
       mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-      for (int u0 = 0; u0 < kUnitChunks - 1; ++u0)
-        if (u0 < n) {
+      for (int q = 0; q < SC - 1; ++q)
+        if (q < n) {
           uint4 xv[1][NT][2];
-          load_inputs<NT, 1, XSmem>(xs, u0, xv);
-          stage_chunks<NT, 1>(chunks, scales, u0, lane, xv, soff, acc);
+          load_inputs<NT, 1, XSmem>(xs, q, xv);
+          stage_chunks<NT, 1>(unit_chunks(slot, q / kUnitChunks), unit_scales(slot, q / kUnitChunks),
+                              q % kUnitChunks, lane, xv, soff, acc);
         }
     }
     __syncwarp();  // every lane has read the slot before it is refilled
@@ -224,17 +237,17 @@ __global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
       else if (i + S < my_stages) request(warp, i + S);
     }
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xs[nt] += kUnitChunks * kChunk;
+    for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
   }
   store_results<NT>(acc, out, partial, counters, T, N, blockIdx.x * kWarps + warp, lane);
 }
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp>
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp, int SU>
 int tma_kernel_ready() {
   static const int sms = [] {
-    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, CopyWarp>;
+    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, CopyWarp, SU>;
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -250,14 +263,14 @@ int tma_kernel_ready() {
 
 // Blocks of the kernel with the inputs read through L1 resident on the whole GPU, for the largest
 // unit (which decides the splits; the inputs then fit in shared memory or not); asked once.
-template <int NT, int MinBlocks, bool XAhead, bool CopyWarp>
+template <int NT, int MinBlocks, bool XAhead, bool CopyWarp, int SU>
 int tma_resident_blocks() {
   static const int n = [] {
-    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp>();
+    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp, SU>();
     int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp>, tma_threads(CopyWarp),
-        tma_ring_bytes(stages_for(false), kMaxUnitBytes)));
+        &per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp, SU>, tma_threads(CopyWarp),
+        tma_ring_bytes(stages_for(false, SU), kMaxUnitBytes, SU)));
     return sms * std::max(per_sm, 1);
   }();
   return n;
@@ -265,22 +278,22 @@ int tma_resident_blocks() {
 
 // XSmem is taken at one token tile when the block's inputs fit beside the rings with 3 blocks an
 // SM (and x_smem_allowed).
-template <int NT, int MinBlocks, bool XAhead, bool CopyWarp>
+template <int NT, int MinBlocks, bool XAhead, bool CopyWarp, int SU>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
                 int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
   const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(tma_threads(CopyWarp));
   if constexpr (NT == 1) {
-    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes);
+    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes, SU);
     if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
-      tma_kernel_ready<NT, MinBlocks, XAhead, true, CopyWarp>();
-      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, CopyWarp>, grid, block, x_smem, s, w,
-                    x, out, partial, counters, T, N, K, tma_x_stride(K, splits));
+      tma_kernel_ready<NT, MinBlocks, XAhead, true, CopyWarp, SU>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, CopyWarp, SU>, grid, block, x_smem, s,
+                    w, x, out, partial, counters, T, N, K, tma_x_stride(K, splits));
       return;
     }
   }
-  tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp>();
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp>, grid, block,
-                tma_ring_bytes(stages_for(false), w.unit_bytes), s, w, x, out, partial, counters, T, N, K, 0);
+  tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp, SU>();
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp, SU>, grid, block,
+                tma_ring_bytes(stages_for(false, SU), w.unit_bytes, SU), s, w, x, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

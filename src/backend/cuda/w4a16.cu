@@ -162,6 +162,7 @@ int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
 bool g_copy_warp = env_flag("DS_W4A16_COPY_WARP", true);
+int g_stage_units = env_choice("DS_W4A16_STAGE_UNITS", "1", "2", false) + 1;
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
@@ -217,14 +218,18 @@ bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
 bool w4a16_gemv_copy_warp() { return g_copy_warp; }
 void set_w4a16_gemv_copy_warp(bool on) { g_copy_warp = on; }
+int w4a16_gemv_stage_units() { return g_stage_units; }
+void set_w4a16_gemv_stage_units(int n) { g_stage_units = n == 2 ? 2 : 1; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
     if (!w4a16_gemv_tma()) return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
+    if constexpr (Kn::NT == 1)
+      if (g_stage_units == 2) return qgemv::tma_resident_blocks<1, Kn::TmaMinBlocks, false, false, 2>();
     if constexpr (Kn::TmaCopyWarp)
-      if (g_copy_warp) return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true>();
-    return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false>();
+      if (g_copy_warp) return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true, 1>();
+    return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false, 1>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
@@ -244,14 +249,20 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
       return;
     }
-    if constexpr (Kn::TmaCopyWarp)
-      if (g_copy_warp) {
-        qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true>(w, x, parts, partial, counters, splits, T, N,
-                                                                         K, g_x_smem, s);
+    if constexpr (Kn::NT == 1)
+      if (g_stage_units == 2) {
+        qgemv::launch_tma<1, Kn::TmaMinBlocks, false, false, 2>(w, x, parts, partial, counters, splits, T, N, K,
+                                                                g_x_smem, s);
         return;
       }
-    qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false>(w, x, parts, partial, counters, splits, T, N, K,
-                                                                      g_x_smem, s);
+    if constexpr (Kn::TmaCopyWarp)
+      if (g_copy_warp) {
+        qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true, 1>(w, x, parts, partial, counters, splits, T,
+                                                                            N, K, g_x_smem, s);
+        return;
+      }
+    qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false, 1>(w, x, parts, partial, counters, splits, T, N,
+                                                                         K, g_x_smem, s);
   });
 }
 
