@@ -141,9 +141,10 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
       > "$LOG/ab_attn_$attn.txt" 2> "$LOG/ab_attn_$attn.log" || status=1
   done
   # Where a step's time goes: kernel breakdowns of decode steps, NAME:BATCH:CONTEXT (the first
-  # with the full sections of its first GEMVs). env: DS_PROFILES overrides the list.
+  # with the full sections of its first GEMVs). env: DS_PROFILES overrides the list (none: skipped).
   detail=1
   for p in ${DS_PROFILES:-b1:1:1024 b1_16k:1:16384 b64:64:1024}; do
+    [ "$p" = none ] && continue
     over "profile $p" && continue
     IFS=: read -r tag batch ctx <<< "$p"
     OUT="$LOG" DS_PROFILE_DETAIL=$detail DS_PROFILE_TAG=$tag DS_PROFILE_ARGS="--w4a16 --batches $batch --contexts $ctx" \
