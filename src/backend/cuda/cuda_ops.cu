@@ -451,7 +451,7 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
     for (int t0 = 0; t0 < T; t0 += per_launch) {
       const int n = std::min(per_launch, T - t0);
       const int splits = cuda::w4a16_gemv_splits(n, N, K);
-      float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, (N + 15) / 16 * 16})) : nullptr;
+      float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
       cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, out.from_token(t0), partial, impl_->gemv_counters, splits,
                               n, N, K, w.group_size, impl_->stream);
     }

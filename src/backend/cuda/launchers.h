@@ -55,11 +55,9 @@ void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, u
 // out = y = x . w^T with cuBLAS lives in cuda_ops.cu (it needs the handle).
 
 // Quantized GEMVs (qgemv_kernel.cuh): out bf16 [T, N] = x bf16 [T, K] . W^T, x 16-byte aligned,
-// the weights streamed once for all T tokens. `splits` from *_gemv_splits(T, N, K) (the TMA
-// W4A16 GEMV: the most segments of a 16-row block); when it is > 1, partial is scratch
-// f32 [splits, T, N rounded up to 16] and counters i32 [kGemvMaxSplitTiles] (one per 128-row tile,
-// or per 16-row block for the TMA GEMV), zero before the first launch and left zero by each (one
-// stream at a time).
+// the weights streamed once for all T tokens. `splits` from *_gemv_splits(T, N, K); when it is
+// > 1, partial is scratch f32 [splits, T, N] and counters i32 [kGemvMaxSplitTiles], zero before
+// the first launch and left zero by each (one stream at a time).
 constexpr int kGemvMaxSplitTiles = 4096;
 constexpr int kW4A16GemvMaxTokens = 64;  // the kernel's limit per launch (NT 8)
 constexpr int kInt8GemvMaxTokens = 64;
@@ -113,6 +111,14 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
+// Whether a ninth warp of each TMA block requests the copies (qgemv_tma.cuh; launches of up to
+// 16 tokens), or each row warp its own. env DS_W4A16_COPY_WARP = 1 (default) | 0; tests may switch it.
+bool w4a16_gemv_copy_warp();
+void set_w4a16_gemv_copy_warp(bool on);
+// Units a TMA stage copies at one token tile: 1 (default; 3-4 stages) or 2 (2 stages, no copy
+// warp). env DS_W4A16_STAGE_UNITS; tests may switch it.
+int w4a16_gemv_stage_units();
+void set_w4a16_gemv_stage_units(int n);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();

@@ -1,77 +1,73 @@
 // Device code of the W4A16 GEMV whose weights are streamed by the copy unit (TMA, sm_90): the
-// fragments and arithmetic of the register GEMV (qgemv_kernel.cuh), its work split "stream-K".
+// same work split, fragments and results as the register GEMV (qgemv_kernel.cuh), fed from a ring
+// of shared-memory stages instead of registers.
 //
-// Work split: in the tiled layout (w4a16.cu) the weight is one run of equal units (16 rows x 256
-// columns and their scales), row block after row block. One block runs on each SM and every warp
-// of the grid takes an equal, contiguous range of that run, so every SM streams the same bytes
-// and all finish together, whatever N and K (a grid of row tiles leaves SMs with 2 blocks and
-// others with 3). A warp's range may end inside a row block or cover several; each row block's
-// pieces ("segments", fixed by the split alone) are summed in segment order by the warp that
-// finishes its segment last, through fp32 partials and a counter per row block, so results do
-// not depend on scheduling.
+// Each row warp streams its own 16-row block: in the tiled layout (w4a16.cu) a block's units are
+// contiguous, each its scales and 4 chunks, so a stage is one unit and one bulk copy completing
+// on the stage's `full` mbarrier. A ring of S stages per row warp keeps the copies in flight, the
+// first requested before pdl_wait (no kernel writes weights) while the previous kernel still runs.
+// Who requests the rest:
+//   CopyWarp: a ninth warp does (lane 0), refilling a slot once its row warp has arrived on the
+//     slot's `empty` mbarrier, so the row warps never wait for the copy unit to take a request;
+//   else: lane 0 of each row warp refills the slot it has just read.
 //
-// Feeding: lane 0 of each warp keeps kStages copies of kStageUnits units in flight (one bulk copy
-// each, completing on the slot's mbarrier), the first requested before pdl_wait (no kernel writes
-// weights) and each refilled as soon as the warp has read it. (Read-only probes of such rings,
-// stream_probe.cu, reach 98-99% of the copy rate with 24 warps of 2 x 4,352 bytes an SM.)
-//
-// Inputs: with XSmem the block first copies x [T, K] into shared memory (when it fits beside the
-// rings), which every warp reads; otherwise each lane reads them through L1, with XAhead a unit's
-// before its stage's wait.
+// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block
+// first copies its inputs for its chunk range into shared memory, which every warp reads;
+// otherwise each lane reads them through L1, at 4 or more tiles a stage's before its wait.
 #pragma once
 
 #include "backend/cuda/qgemv_kernel.cuh"
 
 namespace ds::cuda::qgemv {
 
-constexpr int kStageUnits = 2;  // units a copy (4,352 bytes at group 128)
-// Warps of a block and stages a warp: 24 x 2 at up to 2 token tiles (80 registers a thread),
-// 8 x 4 at more (their accumulators need about 200).
-__host__ __device__ constexpr int tma_warps(int nt) { return nt <= 2 ? 24 : 8; }
-__host__ __device__ constexpr int tma_stages(int nt) { return nt <= 2 ? 2 : 4; }
+// Stages per row warp, of SU units each: 4, or 3 with the inputs in shared memory (3 x 2 KB x 24
+// warps an SM in flight, several times what the copy rate needs); 2 of two units.
+__host__ __device__ constexpr int stages_for(bool x_smem, int su = 1) { return su == 2 ? 2 : x_smem ? 3 : 4; }
+// The largest unit (group 64: 4 scale slots).
+constexpr int kMaxUnitBytes = kUnitChunks * (kSlotBytes + kChunkBytes);
+// Threads of a block: the row warps, and with CopyWarp the copy warp after them.
+__host__ __device__ constexpr int tma_threads(bool copy_warp) { return (kWarps + (copy_warp ? 1 : 0)) * 32; }
+// The most a block may take for 3 blocks an SM (228 KiB, each block also holding 1 KiB for the
+// system and a few bytes of static shared memory).
+constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
-// A block's shared memory: mbarriers u64 [warps][stages], the rings u8 [warps][stages][stage bytes]
-// (16-byte aligned after the barriers), then with XSmem x bf16 [T][K + 8].
-__host__ __device__ inline size_t tma_ring_bytes(int nt, int unit_bytes) {
-  return size_t(tma_warps(nt)) * tma_stages(nt) * (sizeof(uint64_t) + size_t(kStageUnits) * unit_bytes);
-}
-inline size_t tma_x_bytes(int T, int K) { return size_t(T) * (K + 8) * sizeof(__nv_bfloat16); }
-
-// The stream-K split of `units` units over `warps` warps (at most `units`, so no range is empty):
-// warp w takes [begin(w), begin(w + 1)).
-__host__ __device__ __forceinline__ int64_t sk_warps(int64_t grid_warps, int64_t units) {
-  return grid_warps < units ? grid_warps : units;
-}
-__host__ __device__ __forceinline__ int64_t sk_begin(int64_t w, int64_t units, int64_t warps) {
-  return w * units / warps;
-}
-// The warp whose range holds unit i.
-__host__ __device__ __forceinline__ int64_t sk_owner(int64_t i, int64_t units, int64_t warps) {
-  return ((i + 1) * warps + units - 1) / units - 1;
+// A block's shared memory: mbarriers full[kWarps][S] and empty[kWarps][S], the rings
+// u8 [kWarps][S][su units] (16-byte aligned after the barriers), then the inputs with XSmem.
+inline size_t tma_ring_bytes(int stages, int unit_bytes, int su) {
+  return size_t(kWarps) * stages * (2 * sizeof(uint64_t) + size_t(su) * unit_bytes);
 }
 
-// xv[v][nt][h] = the lane's input columns [8h, 8h + 8) of its 16 in chunk c0 + v, in the row of its
-// token of tile nt (xs[nt]: the lane's columns of chunk 0).
+// Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
+// the end of K).
+__device__ __forceinline__ void stage_split_range(int K, int& c_begin, int& c_end) {
+  const int n_chunks = K / kChunk, units = (n_chunks + kUnitChunks - 1) / kUnitChunks;
+  c_begin = min(n_chunks, static_cast<int>(int64_t(blockIdx.y) * units / gridDim.y) * kUnitChunks);
+  c_end = min(n_chunks, static_cast<int>(int64_t(blockIdx.y + 1) * units / gridDim.y) * kUnitChunks);
+}
+
+// xv[v][nt][h] = the lane's input columns [8h, 8h + 8) of its 16 in chunk u0 + v of a stage, in
+// the row of its token of tile nt; xs[nt]: those of the stage's first chunk.
+// XSmem: xs point into shared memory.
 template <int NT, int V, bool XSmem>
-__device__ __forceinline__ void load_inputs(const __nv_bfloat16* const (&xs)[NT], int c0, uint4 (&xv)[V][NT][2]) {
+__device__ __forceinline__ void load_inputs(const __nv_bfloat16* const (&xs)[NT], int u0, uint4 (&xv)[V][NT][2]) {
 #pragma unroll
   for (int v = 0; v < V; ++v)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const uint4* p = reinterpret_cast<const uint4*>(xs[nt] + (c0 + v) * kChunk + 8 * h);
+        const uint4* p = reinterpret_cast<const uint4*>(xs[nt] + (u0 + v) * kChunk + 8 * h);
         xv[v][nt][h] = XSmem ? *p : __ldg(p);
       }
 }
 
-// acc += V chunks of a unit (from chunk u0; chunks: the unit's u32 [kUnitChunks][32][4], scales:
+// acc += V chunks of a stage (from chunk u0; chunks: the stage's u32 [kUnitChunks][32][4], scales:
 // its slots f32 [slots][8][2]), their k-steps interleaved so the V accumulator chains of the tensor
 // cores overlap. xv: their inputs (load_inputs); soff[u]: chunk u's scales, in float2 of `scales`.
 template <int NT, int V>
-__device__ __forceinline__ void unit_chunks(const uint4* chunks, const float2* scales, int u0, int lane,
-                                            const uint4 (&xv)[V][NT][2], const int (&soff)[kUnitChunks],
-                                            float (&acc)[NT][4]) {
+__device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* scales, int u0, int lane,
+                                             const uint4 (&xv)[V][NT][2], const int (&soff)[kUnitChunks],
+                                             float (&acc)[NT][4]) {
   uint4 wv[V];
   float2 sv[V];
 #pragma unroll
@@ -103,218 +99,201 @@ __device__ __forceinline__ void unit_chunks(const uint4* chunks, const float2* s
     }
 }
 
-// A warp's result for row block rb (16 rows): stored when the warp's segment is the block's only
-// one, else written to the partials; the warp finishing the block's last segment sums them in
-// segment order and stores. partial f32 [max segments][T][NB * 16]; counters i32 [NB], zero
-// between launches (the summing warp resets its block's).
-template <int NT>
-__device__ __forceinline__ void flush_row_block(const float (&acc)[NT][4], const OutParts& out, float* partial,
-                                                int* counters, int T, int N, int64_t rb, int64_t gw, int64_t units,
-                                                int64_t warps, int n_units, int lane) {
-  const int g = lane / 4, q4 = lane % 4;
-  const int64_t first = sk_owner(rb * n_units, units, warps);
-  const int n_seg = static_cast<int>(sk_owner((rb + 1) * n_units - 1, units, warps) - first + 1);
-  const int rows = ((N + 15) / 16) * 16;
-  if (n_seg == 1) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int t = nt * 8 + 2 * q4 + (i & 1), n = static_cast<int>(rb * 16) + g + (i >= 2 ? 8 : 0);
-        if (t < T && n < N) out.store(t, n, acc[nt][i]);
-      }
-    return;
-  }
-  float* mine = partial + (gw - first) * T * int64_t(rows);
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int t = nt * 8 + 2 * q4 + (i & 1), n = static_cast<int>(rb * 16) + g + (i >= 2 ? 8 : 0);
-      if (t < T) mine[int64_t(t) * rows + n] = acc[nt][i];
-    }
-  __threadfence();  // the partials visible device-wide before the counter moves
-  __syncwarp();
-  int last = 0;
-  if (lane == 0) last = atomicAdd(&counters[rb], 1) == n_seg - 1;
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  __threadfence();
-  for (int e = lane; e < T * 16; e += 32) {
-    const int t = e / 16, n = static_cast<int>(rb * 16) + e % 16;
-    float s = 0.f;
-    for (int seg = 0; seg < n_seg; ++seg) s += __ldcg(partial + (int64_t(seg) * T + t) * rows + n);
-    if (n < N) out.store(t, n, s);
-  }
-  if (lane == 0) counters[rb] = 0;  // ready for the next launch
+// The inputs a block copies with XSmem: bf16 [T][x_stride] from the block's first chunk, the rows
+// 16 bytes longer than the most chunks a block of `splits` takes from K, so the 8 rows a warp
+// reads at once fall in different banks.
+inline int tma_x_stride(int K, int splits) {
+  const int units = (K / kChunk + kUnitChunks - 1) / kUnitChunks;
+  return (units + splits - 1) / splits * kUnitChunks * kChunk + 8;
+}
+// A block's shared memory with XSmem: the rings and T rows of inputs.
+inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes, int su) {
+  return tma_ring_bytes(stages_for(true, su), unit_bytes, su) +
+         size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
 }
 
-// One block an SM (gridDim.x = the SM count), tma_warps(NT) warps. XSmem: x_stride = K + 8.
-template <int NT, bool XSmem>
-__global__ void __launch_bounds__(tma_warps(NT) * 32, 1)
+// partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
+// stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
+// x_stride: tma_x_stride (XSmem). SU: units a stage (one copy).
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp, int SU>
+__global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
-                     int* __restrict__ counters, int T, int N, int K) {
-  constexpr int W = tma_warps(NT), S = tma_stages(NT);
-  constexpr int V = NT <= 2 ? 2 : 1;        // chunks interleaved (more tiles bring their own chains)
-  constexpr bool XAhead = NT == 4 && !XSmem;  // a unit's inputs loaded before its stage's wait (NT 8: spills)
+                     int* __restrict__ counters, int T, int N, int K, int x_stride) {
+  static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
+  constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
+  constexpr int S = stages_for(XSmem, SU);
+  constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [kWarps][S]: the stage's copy has landed
+  uint64_t* empty = full + kWarps * S;                      // [kWarps][S]: its row warp has read it
+  unsigned char* rings = smem_raw + 2 * kWarps * S * sizeof(uint64_t);
+  const int stage_bytes = SU * w.unit_bytes;
+  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + kWarps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int stage_bytes = kStageUnits * w.unit_bytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw) + warp * S;  // [S]: the slot's copy has landed
-  unsigned char* ring = smem_raw + W * S * sizeof(uint64_t) + size_t(warp) * S * stage_bytes;
-  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(smem_raw + tma_ring_bytes(NT, w.unit_bytes));
+  int c_begin, c_end;
+  stage_split_range(K, c_begin, c_end);
+  const int n_stages = (c_end - c_begin + SC - 1) / SC;
+  const int row_warps = min(kWarps, (N - static_cast<int>(blockIdx.x) * kTileRows + 15) / 16);  // with rows
 
-  const int64_t units = int64_t((N + 15) / 16) * w.n_units;
-  const int64_t warps = sk_warps(int64_t(gridDim.x) * W, units), gw = int64_t(blockIdx.x) * W + warp;
-  const int64_t begin = gw < warps ? sk_begin(gw, units, warps) : units;  // warps past `warps` have no range
-  const int64_t end = gw < warps ? sk_begin(gw + 1, units, warps) : units;
-  const int n_stages = static_cast<int>((end - begin + kStageUnits - 1) / kStageUnits);
-
-  // Stage i (units begin + kStageUnits i ..) into slot i % S; lane 0 only.
-  auto request = [&](int i) {
-    const int64_t first = begin + int64_t(i) * kStageUnits;
-    const uint32_t bytes = static_cast<uint32_t>(end - first < kStageUnits ? end - first : kStageUnits) * w.unit_bytes;
-    mbar_arrive_expect_tx(&full[i % S], bytes);
-    bulk_copy_g2s(ring + (i % S) * stage_bytes, w.base + first * w.unit_bytes, bytes, &full[i % S]);
+  // Stage i of row warp wp (units c_begin / kUnitChunks + SU i .. of its 16-row block; the last
+  // may end on a short unit) into slot i % S.
+  auto request = [&](int wp, int i) {
+    const int n = min(SC, c_end - c_begin - i * SC), slot = wp * S + i % S, rem = n % kUnitChunks;
+    const uint32_t bytes = n / kUnitChunks * w.unit_bytes + (rem ? w.slots * kSlotBytes + rem * kChunkBytes : 0);
+    mbar_arrive_expect_tx(&full[slot], bytes);
+    bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * kWarps + wp, c_begin / kUnitChunks + i * SU), bytes,
+                  &full[slot]);
   };
-  if (lane == 0 && n_stages > 0) {
-    for (int i = 0; i < S; ++i) mbar_init(&full[i], 1);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kWarps * S; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], 1);
+    }
     mbar_init_fence();
-    for (int i = 0; i < min(S, n_stages); ++i) request(i);
   }
-  __syncwarp();
+  __syncthreads();
+  if (CopyWarp ? (warp == kWarps && lane == 0) : (lane == 0 && warp < row_warps))
+    for (int i = 0; i < min(S, n_stages); ++i)
+      for (int wp = CopyWarp ? 0 : warp; wp < (CopyWarp ? row_warps : warp + 1); ++wp) request(wp, i);
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
 
-  const int x_stride = XSmem ? K + 8 : K;
-  if constexpr (XSmem) {  // the whole block copies x
-    const int row = K / 8;  // 16-byte pieces of a row
+  if constexpr (XSmem) {  // every thread copies
+    const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a row
     for (int i = threadIdx.x; i < T * row; i += blockDim.x) {
       const int t = i / row, e = i % row * 8;
       *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) =
-          __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K + e));
+          __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K + int64_t(c_begin) * kChunk + e));
     }
     __syncthreads();
   }
+  if (CopyWarp && warp == kWarps) {
+    if (lane == 0)
+      for (int i = S; i < n_stages; ++i)
+        for (int wp = 0; wp < row_warps; ++wp) {
+          mbar_wait(&empty[wp * S + i % S], (i / S - 1) & 1);  // stage i - S read
+          request(wp, i);
+        }
+    return;  // the row warps meet without this warp from here on (store_results)
+  }
+
   // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
   const __nv_bfloat16* xs[NT];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-    xs[nt] = (XSmem ? x_smem : x) + int64_t(min(nt * 8 + lane / 4, T - 1)) * x_stride + 16 * (lane % 4);
+  for (int nt = 0; nt < NT; ++nt) {
+    const int t = min(nt * 8 + lane / 4, T - 1);
+    xs[nt] = XSmem ? x_smem + t * x_stride + 16 * (lane % 4)
+                   : x + int64_t(t) * K + int64_t(c_begin) * kChunk + 16 * (lane % 4);
+  }
   int soff[kUnitChunks];
 #pragma unroll
   for (int u = 0; u < kUnitChunks; ++u) soff[u] = (u >> w.slot_shift) * 8;
 
-  int64_t rb = begin / w.n_units;  // the row block and unit of the next unit
-  int u = static_cast<int>(begin % w.n_units);
   float acc[NT][4] = {};
-  for (int i = 0; i < n_stages; ++i) {
-    const int slot = i % S;
-    const int64_t left = end - begin - int64_t(i) * kStageUnits;
-    const int n_units_here = left < kStageUnits ? static_cast<int>(left) : kStageUnits;
+  const int my_stages = warp < row_warps ? n_stages : 0;
+  // Unit su of a stage in ring slot `slot`: its scales, then its chunks.
+  auto unit_scales = [&](int slot, int su) {
+    return reinterpret_cast<const float2*>(rings + slot * stage_bytes + su * w.unit_bytes);
+  };
+  auto unit_chunks = [&](int slot, int su) {
+    return reinterpret_cast<const uint4*>(rings + slot * stage_bytes + su * w.unit_bytes + w.slots * kSlotBytes);
+  };
+  for (int i = 0; i < my_stages; ++i) {
+    const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
+    if (n == SC) {
+      if constexpr (XAhead) {
+        uint4 xv[kUnitChunks][NT][2];
+        load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
+        mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-    for (int su = 0; su < kStageUnits; ++su) {
-      if (su >= n_units_here) break;
-      const unsigned char* unit = ring + slot * stage_bytes + su * w.unit_bytes;
-      const float2* scales = reinterpret_cast<const float2*>(unit);
-      const uint4* chunks = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes);
-      const int c0 = u * kUnitChunks, n = min(kUnitChunks, w.n_chunks - c0);  // chunks of this unit
-      if (n == kUnitChunks) {
-        if constexpr (XAhead) {
-          uint4 xv[kUnitChunks][NT][2];
-          load_inputs<NT, kUnitChunks, XSmem>(xs, c0, xv);
-          if (su == 0) mbar_wait(&full[slot], (i / S) & 1);
+        for (int u0 = 0; u0 < kUnitChunks; u0 += V)
+          stage_chunks<NT, V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
+                              reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
+      } else {
+        mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-          for (int q = 0; q < kUnitChunks; ++q)
-            unit_chunks<NT, 1>(chunks, scales, q, lane, reinterpret_cast<const uint4(&)[1][NT][2]>(xv[q]), soff, acc);
-        } else {
-          if (su == 0) mbar_wait(&full[slot], (i / S) & 1);
+        for (int su = 0; su < SU; ++su)
 #pragma unroll
-          for (int q = 0; q < kUnitChunks; q += V) {
+          for (int u0 = 0; u0 < kUnitChunks; u0 += V) {
             uint4 xv[V][NT][2];
-            load_inputs<NT, V, XSmem>(xs, c0 + q, xv);
-            unit_chunks<NT, V>(chunks, scales, q, lane, xv, soff, acc);
+            load_inputs<NT, V, XSmem>(xs, su * kUnitChunks + u0, xv);
+            stage_chunks<NT, V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, soff, acc);
           }
+      }
+    } else {  // a warp's last stage, at the end of K: n < SC
+      mbar_wait(&full[slot], (i / S) & 1);
+#pragma unroll
+      for (int q = 0; q < SC - 1; ++q)
+        if (q < n) {
+          uint4 xv[1][NT][2];
+          load_inputs<NT, 1, XSmem>(xs, q, xv);
+          stage_chunks<NT, 1>(unit_chunks(slot, q / kUnitChunks), unit_scales(slot, q / kUnitChunks),
+                              q % kUnitChunks, lane, xv, soff, acc);
         }
-      } else {  // the short last unit of a row block (K not a multiple of 256)
-        if (su == 0) mbar_wait(&full[slot], (i / S) & 1);
-#pragma unroll
-        for (int q = 0; q < kUnitChunks - 1; ++q)
-          if (q < n) {
-            uint4 xv[1][NT][2];
-            load_inputs<NT, 1, XSmem>(xs, c0 + q, xv);
-            unit_chunks<NT, 1>(chunks, scales, q, lane, xv, soff, acc);
-          }
-      }
-      if (++u == w.n_units) {  // the row block is done (for this warp)
-        flush_row_block<NT>(acc, out, partial, counters, T, N, rb, gw, units, warps, w.n_units, lane);
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
-        ++rb;
-        u = 0;
-      }
     }
     __syncwarp();  // every lane has read the slot before it is refilled
-    if (lane == 0 && i + S < n_stages) request(i + S);
+    if (lane == 0) {
+      if constexpr (CopyWarp) mbar_arrive(&empty[slot]);
+      else if (i + S < my_stages) request(warp, i + S);
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
   }
-  if (n_stages > 0 && u != 0)  // the range ended inside a row block
-    flush_row_block<NT>(acc, out, partial, counters, T, N, rb, gw, units, warps, w.n_units, lane);
+  store_results<NT>(acc, out, partial, counters, T, N, blockIdx.x * kWarps + warp, lane);
 }
 
-// The largest number of segments a row block has for this split (1: no partials), for the
-// partials' size: scratch f32 [tma_max_segments, T, NB * 16].
-inline int tma_max_segments(int N, int n_units, int sms, int nt) {
-  const int64_t nb = (N + 15) / 16, units = nb * n_units, warps = sk_warps(int64_t(sms) * tma_warps(nt), units);
-  int most = 1;
-  for (int64_t rb = 0; rb < nb; ++rb)
-    most = std::max<int>(most, static_cast<int>(sk_owner((rb + 1) * n_units - 1, units, warps) -
-                                                sk_owner(rb * n_units, units, warps) + 1));
-  return most;
-}
-
-// The kernel's dynamic shared-memory limit raised to the SM's opt-in one; once per kernel.
-template <int NT, bool XSmem>
-void tma_kernel_ready() {
-  static const bool done = [] {
-    auto* kernel = qgemv_tma_kernel<NT, XSmem>;
-    int dev = 0, max_smem = 0;
+// The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
+// shared memory; once per kernel. Returns the GPU's SM count.
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp, int SU>
+int tma_kernel_ready() {
+  static const int sms = [] {
+    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, CopyWarp, SU>;
+    int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     cudaFuncAttributes attr{};
     CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     max_smem - static_cast<int>(attr.sharedSizeBytes)));
-    return true;
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
   }();
-  (void)done;
+  return sms;
 }
 
-// The opt-in shared memory of a block beside the kernel's static shared memory (asked once).
-inline size_t tma_smem_limit() {
-  static const size_t n = [] {
-    int dev = 0, max_smem = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    return static_cast<size_t>(max_smem) - 64;  // the static `is_last` of store_results and alignment
+// Blocks of the kernel with the inputs read through L1 resident on the whole GPU, for the largest
+// unit (which decides the splits; the inputs then fit in shared memory or not); asked once.
+template <int NT, int MinBlocks, bool XAhead, bool CopyWarp, int SU>
+int tma_resident_blocks() {
+  static const int n = [] {
+    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp, SU>();
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp, SU>, tma_threads(CopyWarp),
+        tma_ring_bytes(stages_for(false, SU), kMaxUnitBytes, SU)));
+    return sms * std::max(per_sm, 1);
   }();
   return n;
 }
 
-// XSmem where x fits beside the rings (and x_smem_allowed). partial: scratch of tma_max_segments.
-template <int NT>
-void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters, int sms,
-                int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
-  const size_t ring = tma_ring_bytes(NT, w.unit_bytes), with_x = ring + tma_x_bytes(T, K);
-  const dim3 grid(sms), block(tma_warps(NT) * 32);
-  if (x_smem_allowed && with_x <= tma_smem_limit()) {
-    tma_kernel_ready<NT, true>();
-    launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, true>, grid, block, with_x, s, w, x, out, partial, counters, T, N,
-                  K);
-    return;
+// XSmem is taken at one token tile when the block's inputs fit beside the rings with 3 blocks an
+// SM (and x_smem_allowed).
+template <int NT, int MinBlocks, bool XAhead, bool CopyWarp, int SU>
+void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
+                int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
+  const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(tma_threads(CopyWarp));
+  if constexpr (NT == 1) {
+    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes, SU);
+    if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
+      tma_kernel_ready<NT, MinBlocks, XAhead, true, CopyWarp, SU>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, CopyWarp, SU>, grid, block, x_smem, s,
+                    w, x, out, partial, counters, T, N, K, tma_x_stride(K, splits));
+      return;
+    }
   }
-  tma_kernel_ready<NT, false>();
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, false>, grid, block, ring, s, w, x, out, partial, counters, T, N, K);
+  tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp, SU>();
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp, SU>, grid, block,
+                tma_ring_bytes(stages_for(false, SU), w.unit_bytes, SU), s, w, x, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

@@ -161,28 +161,24 @@ namespace {
 int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
+bool g_copy_warp = env_flag("DS_W4A16_COPY_WARP", true);
+int g_stage_units = env_choice("DS_W4A16_STAGE_UNITS", "1", "2", false) + 1;
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
   return std::clamp(env ? std::atoi(env) : 32, 0, kW4A16GemvMaxTokens);
 }();
 
-// A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp.
+// A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp; TMA kernel:
+// registers capped for 3 blocks an SM (what its shared memory allows) at one tile, and at 4 or
+// more tiles a stage's inputs loaded before its wait (measured on the H200 at 1 and 4 tiles:
+// docs/perf/2026-11-29-s5-cuda-27b.md); a copy warp at up to 2 tiles (DS_W4A16_COPY_WARP; at more
+// the compiler spills the inputs loaded ahead).
 template <int NT_, int U_>
 struct Kernel {
-  static constexpr int NT = NT_, U = U_;
+  static constexpr int NT = NT_, U = U_, TmaMinBlocks = NT_ == 1 ? 3 : 0;
+  static constexpr bool TmaXAhead = NT_ >= 4, TmaCopyWarp = NT_ <= 2;
 };
-
-// The GPU's SM count (the TMA kernel's grid), asked once.
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    return sms;
-  }();
-  return n;
-}
 
 // f(Kernel<NT, U>) for the kernel that serves T <= 8 NT tokens: U = 8 chunks in flight per warp
 // for one token tile (3 blocks an SM), 4 for more tiles, whose accumulators need the registers
@@ -220,13 +216,20 @@ bool w4a16_gemv_tma() {
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
+bool w4a16_gemv_copy_warp() { return g_copy_warp; }
+void set_w4a16_gemv_copy_warp(bool on) { g_copy_warp = on; }
+int w4a16_gemv_stage_units() { return g_stage_units; }
+void set_w4a16_gemv_stage_units(int n) { g_stage_units = n == 2 ? 2 : 1; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
-  if (w4a16_gemv_tma())
-    return with_kernel(T, [&](auto k) { return qgemv::tma_max_segments(N, units_of(K), sm_count(), decltype(k)::NT); });
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
-    return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
+    if (!w4a16_gemv_tma()) return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
+    if constexpr (Kn::NT == 1)
+      if (g_stage_units == 2) return qgemv::tma_resident_blocks<1, Kn::TmaMinBlocks, false, false, 2>();
+    if constexpr (Kn::TmaCopyWarp)
+      if (g_copy_warp) return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true, 1>();
+    return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false, 1>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
@@ -238,16 +241,28 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
             group);
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(tiled) % 16 == 0,
             "W4A16 GEMV: x and the weight must be 16-byte aligned");
-  DS_ASSERT((N + 15) / 16 <= kGemvMaxSplitTiles, "W4A16 GEMV: N %d has more 16-row blocks than the %d counters", N,
-            kGemvMaxSplitTiles);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
-    if (w4a16_gemv_tma())
-      qgemv::launch_tma<Kn::NT>(w, x, parts, partial, counters, sm_count(), T, N, K, g_x_smem, s);
-    else
+    if (!w4a16_gemv_tma()) {
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
+      return;
+    }
+    if constexpr (Kn::NT == 1)
+      if (g_stage_units == 2) {
+        qgemv::launch_tma<1, Kn::TmaMinBlocks, false, false, 2>(w, x, parts, partial, counters, splits, T, N, K,
+                                                                g_x_smem, s);
+        return;
+      }
+    if constexpr (Kn::TmaCopyWarp)
+      if (g_copy_warp) {
+        qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true, 1>(w, x, parts, partial, counters, splits, T,
+                                                                            N, K, g_x_smem, s);
+        return;
+      }
+    qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false, 1>(w, x, parts, partial, counters, splits, T, N,
+                                                                         K, g_x_smem, s);
   });
 }
 
