@@ -111,14 +111,6 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
-// Whether a ninth warp of each TMA block requests the copies (qgemv_tma.cuh; launches of up to
-// 16 tokens), or each row warp its own. env DS_W4A16_COPY_WARP = 1 (default) | 0; tests may switch it.
-bool w4a16_gemv_copy_warp();
-void set_w4a16_gemv_copy_warp(bool on);
-// Units a TMA stage copies at one token tile: 1 (default; 3-4 stages) or 2 (2 stages, no copy
-// warp). env DS_W4A16_STAGE_UNITS; tests may switch it.
-int w4a16_gemv_stage_units();
-void set_w4a16_gemv_stage_units(int n);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();

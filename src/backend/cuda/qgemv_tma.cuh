@@ -2,14 +2,13 @@
 // same work split, fragments and results as the register GEMV (qgemv_kernel.cuh), fed from a ring
 // of shared-memory stages instead of registers.
 //
-// Each row warp streams its own 16-row block: in the tiled layout (w4a16.cu) a block's units are
-// contiguous, each its scales and 4 chunks, so a stage is one unit and one bulk copy completing
-// on the stage's `full` mbarrier. A ring of S stages per row warp keeps the copies in flight, the
-// first requested before pdl_wait (no kernel writes weights) while the previous kernel still runs.
-// Who requests the rest:
-//   CopyWarp: a ninth warp does (lane 0), refilling a slot once its row warp has arrived on the
-//     slot's `empty` mbarrier, so the row warps never wait for the copy unit to take a request;
-//   else: lane 0 of each row warp refills the slot it has just read.
+// Each warp streams its own 16-row block: in the tiled layout (w4a16.cu) a block's units are
+// contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token tile, else 1) is
+// one bulk copy completing on the stage's mbarrier. Lane 0 keeps the warp's ring of stages in
+// flight, the first requested before pdl_wait (no kernel writes weights) while the previous
+// kernel still runs, and refills a slot as soon as the warp has read it. (A ninth warp issuing
+// every copy, so row warps never wait for the copy unit to take one, was slower at one token
+// tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block
 // first copies its inputs for its chunk range into shared memory, which every warp reads;
@@ -20,21 +19,21 @@
 
 namespace ds::cuda::qgemv {
 
-// Stages per row warp, of SU units each: 4, or 3 with the inputs in shared memory (3 x 2 KB x 24
-// warps an SM in flight, several times what the copy rate needs); 2 of two units.
-__host__ __device__ constexpr int stages_for(bool x_smem, int su = 1) { return su == 2 ? 2 : x_smem ? 3 : 4; }
+// Units a stage and stages a warp: 2 x 2 at one token tile (4,352 bytes a copy at group 128), 1 x 4
+// at more (measured on the H200: docs/perf/2026-11-29-s6-cuda-27b.md; read-only probes of these
+// rings with 24 warps an SM reach 98-99% of the copy rate, stream_probe.cu).
+__host__ __device__ constexpr int stage_units(int nt) { return nt == 1 ? 2 : 1; }
+__host__ __device__ constexpr int stages_for(int nt) { return nt == 1 ? 2 : 4; }
 // The largest unit (group 64: 4 scale slots).
 constexpr int kMaxUnitBytes = kUnitChunks * (kSlotBytes + kChunkBytes);
-// Threads of a block: the row warps, and with CopyWarp the copy warp after them.
-__host__ __device__ constexpr int tma_threads(bool copy_warp) { return (kWarps + (copy_warp ? 1 : 0)) * 32; }
 // The most a block may take for 3 blocks an SM (228 KiB, each block also holding 1 KiB for the
 // system and a few bytes of static shared memory).
 constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
-// A block's shared memory: mbarriers full[kWarps][S] and empty[kWarps][S], the rings
-// u8 [kWarps][S][su units] (16-byte aligned after the barriers), then the inputs with XSmem.
-inline size_t tma_ring_bytes(int stages, int unit_bytes, int su) {
-  return size_t(kWarps) * stages * (2 * sizeof(uint64_t) + size_t(su) * unit_bytes);
+// A block's shared memory for NT token tiles: mbarriers u64 [kWarps][S], the rings
+// u8 [kWarps][S][SU units] (16-byte aligned after the barriers), then the inputs with XSmem.
+inline size_t tma_ring_bytes(int nt, int unit_bytes) {
+  return size_t(kWarps) * stages_for(nt) * (sizeof(uint64_t) + size_t(stage_units(nt)) * unit_bytes);
 }
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
@@ -106,27 +105,25 @@ inline int tma_x_stride(int K, int splits) {
   const int units = (K / kChunk + kUnitChunks - 1) / kUnitChunks;
   return (units + splits - 1) / splits * kUnitChunks * kChunk + 8;
 }
-// A block's shared memory with XSmem: the rings and T rows of inputs.
-inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes, int su) {
-  return tma_ring_bytes(stages_for(true, su), unit_bytes, su) +
-         size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
+// A block's shared memory with XSmem (one token tile): the rings and T rows of inputs.
+inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes) {
+  return tma_ring_bytes(1, unit_bytes) + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
 }
 
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
-// x_stride: tma_x_stride (XSmem). SU: units a stage (one copy).
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp, int SU>
-__global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
+// x_stride: tma_x_stride (XSmem).
+template <int NT, int MinBlocks, bool XAhead, bool XSmem>
+__global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
                      int* __restrict__ counters, int T, int N, int K, int x_stride) {
+  constexpr int SU = stage_units(NT), S = stages_for(NT);
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
-  constexpr int S = stages_for(XSmem, SU);
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [kWarps][S]: the stage's copy has landed
-  uint64_t* empty = full + kWarps * S;                      // [kWarps][S]: its row warp has read it
-  unsigned char* rings = smem_raw + 2 * kWarps * S * sizeof(uint64_t);
+  unsigned char* rings = smem_raw + kWarps * S * sizeof(uint64_t);
   const int stage_bytes = SU * w.unit_bytes;
   __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + kWarps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -144,17 +141,12 @@ __global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
     bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * kWarps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
   };
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < kWarps * S; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], 1);
-    }
+  if (lane == 0 && warp < row_warps) {
+    for (int i = 0; i < S; ++i) mbar_init(&full[warp * S + i], 1);
     mbar_init_fence();
+    for (int i = 0; i < min(S, n_stages); ++i) request(warp, i);
   }
-  __syncthreads();
-  if (CopyWarp ? (warp == kWarps && lane == 0) : (lane == 0 && warp < row_warps))
-    for (int i = 0; i < min(S, n_stages); ++i)
-      for (int wp = CopyWarp ? 0 : warp; wp < (CopyWarp ? row_warps : warp + 1); ++wp) request(wp, i);
+  __syncwarp();
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
 
@@ -167,16 +159,6 @@ __global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
     }
     __syncthreads();
   }
-  if (CopyWarp && warp == kWarps) {
-    if (lane == 0)
-      for (int i = S; i < n_stages; ++i)
-        for (int wp = 0; wp < row_warps; ++wp) {
-          mbar_wait(&empty[wp * S + i % S], (i / S - 1) & 1);  // stage i - S read
-          request(wp, i);
-        }
-    return;  // the row warps meet without this warp from here on (store_results)
-  }
-
   // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
   const __nv_bfloat16* xs[NT];
 #pragma unroll
@@ -232,10 +214,7 @@ __global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
         }
     }
     __syncwarp();  // every lane has read the slot before it is refilled
-    if (lane == 0) {
-      if constexpr (CopyWarp) mbar_arrive(&empty[slot]);
-      else if (i + S < my_stages) request(warp, i + S);
-    }
+    if (lane == 0 && i + S < my_stages) request(warp, i + S);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
   }
@@ -244,10 +223,10 @@ __global__ void __launch_bounds__(tma_threads(CopyWarp), MinBlocks)
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool CopyWarp, int SU>
+template <int NT, int MinBlocks, bool XAhead, bool XSmem>
 int tma_kernel_ready() {
   static const int sms = [] {
-    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, CopyWarp, SU>;
+    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>;
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -263,14 +242,13 @@ int tma_kernel_ready() {
 
 // Blocks of the kernel with the inputs read through L1 resident on the whole GPU, for the largest
 // unit (which decides the splits; the inputs then fit in shared memory or not); asked once.
-template <int NT, int MinBlocks, bool XAhead, bool CopyWarp, int SU>
+template <int NT, int MinBlocks, bool XAhead>
 int tma_resident_blocks() {
   static const int n = [] {
-    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp, SU>();
+    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false>();
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp, SU>, tma_threads(CopyWarp),
-        tma_ring_bytes(stages_for(false, SU), kMaxUnitBytes, SU)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false>,
+                                                             kWarps * 32, tma_ring_bytes(NT, kMaxUnitBytes)));
     return sms * std::max(per_sm, 1);
   }();
   return n;
@@ -278,22 +256,22 @@ int tma_resident_blocks() {
 
 // XSmem is taken at one token tile when the block's inputs fit beside the rings with 3 blocks an
 // SM (and x_smem_allowed).
-template <int NT, int MinBlocks, bool XAhead, bool CopyWarp, int SU>
+template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
                 int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
-  const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(tma_threads(CopyWarp));
+  const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
   if constexpr (NT == 1) {
-    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes, SU);
+    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes);
     if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
-      tma_kernel_ready<NT, MinBlocks, XAhead, true, CopyWarp, SU>();
-      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, CopyWarp, SU>, grid, block, x_smem, s,
-                    w, x, out, partial, counters, T, N, K, tma_x_stride(K, splits));
+      tma_kernel_ready<NT, MinBlocks, XAhead, true>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, block, x_smem, s, w, x, out,
+                    partial, counters, T, N, K, tma_x_stride(K, splits));
       return;
     }
   }
-  tma_kernel_ready<NT, MinBlocks, XAhead, false, CopyWarp, SU>();
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false, CopyWarp, SU>, grid, block,
-                tma_ring_bytes(stages_for(false, SU), w.unit_bytes, SU), s, w, x, out, partial, counters, T, N, K, 0);
+  tma_kernel_ready<NT, MinBlocks, XAhead, false>();
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, block, tma_ring_bytes(NT, w.unit_bytes),
+                s, w, x, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

@@ -11,7 +11,7 @@
 //     b = 64c + 16q + 4j, nibble r (r = 0..3) of word j holds W[16rb + g + 8(r&1)][b + 2(r>>1)] and
 //     nibble r + 4 the next column (both as q + 8), so `(word >> 4r) & 0x000F000F` is A register r
 //     as a pair. Rows past N hold q = 0 and scale 0.
-// So one warp's stage of the copy-unit GEMV is one contiguous unit (2,176 bytes at group 128).
+// So one warp's stage of the copy-unit GEMV is one contiguous copy (2,176 bytes a unit at group 128).
 // Small T (decode, verify; up to 64 per launch) runs a tensor-core GEMV streaming the weights
 // once for all tokens, fed by the copy unit (qgemv_tma.cuh) or, with DS_W4A16_GEMV=regs, through
 // registers (qgemv_kernel.cuh); large T (prefill) dequantises to a bf16 matrix for cuBLAS.
@@ -161,8 +161,6 @@ namespace {
 int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
-bool g_copy_warp = env_flag("DS_W4A16_COPY_WARP", true);
-int g_stage_units = env_choice("DS_W4A16_STAGE_UNITS", "1", "2", false) + 1;
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
@@ -172,12 +170,11 @@ int g_tokens = [] {
 // A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp; TMA kernel:
 // registers capped for 3 blocks an SM (what its shared memory allows) at one tile, and at 4 or
 // more tiles a stage's inputs loaded before its wait (measured on the H200 at 1 and 4 tiles:
-// docs/perf/2026-11-29-s5-cuda-27b.md); a copy warp at up to 2 tiles (DS_W4A16_COPY_WARP; at more
-// the compiler spills the inputs loaded ahead).
+// docs/perf/2026-11-29-s5-cuda-27b.md).
 template <int NT_, int U_>
 struct Kernel {
   static constexpr int NT = NT_, U = U_, TmaMinBlocks = NT_ == 1 ? 3 : 0;
-  static constexpr bool TmaXAhead = NT_ >= 4, TmaCopyWarp = NT_ <= 2;
+  static constexpr bool TmaXAhead = NT_ >= 4;
 };
 
 // f(Kernel<NT, U>) for the kernel that serves T <= 8 NT tokens: U = 8 chunks in flight per warp
@@ -216,20 +213,12 @@ bool w4a16_gemv_tma() {
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
-bool w4a16_gemv_copy_warp() { return g_copy_warp; }
-void set_w4a16_gemv_copy_warp(bool on) { g_copy_warp = on; }
-int w4a16_gemv_stage_units() { return g_stage_units; }
-void set_w4a16_gemv_stage_units(int n) { g_stage_units = n == 2 ? 2 : 1; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
-    if (!w4a16_gemv_tma()) return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
-    if constexpr (Kn::NT == 1)
-      if (g_stage_units == 2) return qgemv::tma_resident_blocks<1, Kn::TmaMinBlocks, false, false, 2>();
-    if constexpr (Kn::TmaCopyWarp)
-      if (g_copy_warp) return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true, 1>();
-    return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false, 1>();
+    return w4a16_gemv_tma() ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
+                            : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
@@ -245,24 +234,11 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   const W4Tiled w = tiled_weight(tiled, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
-    if (!w4a16_gemv_tma()) {
+    if (w4a16_gemv_tma())
+      qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, parts, partial, counters, splits, T, N, K,
+                                                                 g_x_smem, s);
+    else
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
-      return;
-    }
-    if constexpr (Kn::NT == 1)
-      if (g_stage_units == 2) {
-        qgemv::launch_tma<1, Kn::TmaMinBlocks, false, false, 2>(w, x, parts, partial, counters, splits, T, N, K,
-                                                                g_x_smem, s);
-        return;
-      }
-    if constexpr (Kn::TmaCopyWarp)
-      if (g_copy_warp) {
-        qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, true, 1>(w, x, parts, partial, counters, splits, T,
-                                                                            N, K, g_x_smem, s);
-        return;
-      }
-    qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false, 1>(w, x, parts, partial, counters, splits, T, N,
-                                                                         K, g_x_smem, s);
   });
 }
 
