@@ -36,9 +36,7 @@ struct GemvSettingsRestored {
   int tokens = cuda::w4a16_gemv_tokens();
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
-  bool early = cuda::w4a16_gemv_early_refill();
   ~GemvSettingsRestored() {
-    cuda::set_w4a16_gemv_early_refill(early);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
@@ -153,21 +151,16 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      // The TMA kernel with inputs in shared memory where they fit, or through L1, or refilling early;
-      // the register kernel.
-      for (int kernel : {0, 1, 2, 3}) {
-        cuda::set_w4a16_gemv_tma(kernel < 3);
-        cuda::set_w4a16_gemv_x_smem(kernel != 1);
-        cuda::set_w4a16_gemv_early_refill(kernel == 2);
+      // The TMA kernel with inputs in shared memory where they fit, or through L1; the register kernel.
+      for (int kernel : {0, 1, 2}) {
+        cuda::set_w4a16_gemv_tma(kernel < 2);
+        cuda::set_w4a16_gemv_x_smem(kernel == 0);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                  std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
                                  " per launch " + std::to_string(run.per_launch) +
-                                 (kernel == 0   ? " tma"
-                                  : kernel == 1 ? " tma without x in smem"
-                                  : kernel == 2 ? " tma, early refill"
-                                                : " regs");
+                                 (kernel == 0 ? " tma" : kernel == 1 ? " tma without x in smem" : " regs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
           gpu->linear_quantized(xg, c.gpu_w, og);
@@ -355,15 +348,14 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
       {"mlp down", 5120, 17408, 64, 3}};
   struct Config {
-    bool pdl, tma, x_smem, early;
+    bool pdl, tma, x_smem;
     const char* name;
   };
-  const std::vector<Config> loops = {{false, false, true, false, "regs plain"},
-                                     {true, false, true, false, "regs pdl"},
-                                     {false, true, true, false, "tma plain"},
-                                     {true, true, true, false, "tma pdl"},
-                                     {true, true, false, false, "tma pdl, x not in smem"},
-                                     {true, true, true, true, "tma pdl, early refill"}};
+  const std::vector<Config> loops = {{false, false, true, "regs plain"},
+                                     {true, false, true, "regs pdl"},
+                                     {false, true, true, "tma plain"},
+                                     {true, true, true, "tma pdl"},
+                                     {true, true, false, "tma pdl, x not in smem"}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -388,11 +380,10 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
         cuda::set_pdl_enabled(loops[li].pdl);
         cuda::set_w4a16_gemv_tma(loops[li].tma);
         cuda::set_w4a16_gemv_x_smem(loops[li].x_smem);
-        cuda::set_w4a16_gemv_early_refill(loops[li].early);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           // Longer steps: one shape, PDL on.
           if (T > 16 && ((li != 1 && li != 3) || std::string(l.name) != "mlp gate/up")) continue;
-          if ((!loops[li].x_smem || loops[li].early) && T > 8) continue;  // settings for one token tile
+          if (!loops[li].x_smem && T > 8) continue;  // a setting for one token tile
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

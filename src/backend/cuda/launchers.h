@@ -111,11 +111,6 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
-// Whether the one-tile TMA kernel reads a stage's weights into registers and refills its slot
-// before using them (4 stages of one unit instead of 2 of two; qgemv_tma.cuh). Not yet measured.
-// env DS_W4A16_EARLY_REFILL = 0 (default) | 1; tests may switch it.
-bool w4a16_gemv_early_refill();
-void set_w4a16_gemv_early_refill(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();

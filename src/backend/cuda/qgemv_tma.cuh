@@ -22,10 +22,8 @@ namespace ds::cuda::qgemv {
 // Units a stage and stages a warp: 2 x 2 at one token tile (4,352 bytes a copy at group 128), 1 x 4
 // at more (measured on the H200: docs/perf/2026-11-29-s6-cuda-27b.md; read-only probes of these
 // rings with 24 warps an SM reach 98-99% of the copy rate, stream_probe.cu).
-// Early (one token tile; DS_W4A16_EARLY_REFILL=1, not yet measured): 4 stages of one unit, a
-// stage's weights read into registers and its slot refilled before they are used.
-__host__ __device__ constexpr int stage_units(int nt, bool early = false) { return nt == 1 && !early ? 2 : 1; }
-__host__ __device__ constexpr int stages_for(int nt, bool early = false) { return nt == 1 && !early ? 2 : 4; }
+__host__ __device__ constexpr int stage_units(int nt) { return nt == 1 ? 2 : 1; }
+__host__ __device__ constexpr int stages_for(int nt) { return nt == 1 ? 2 : 4; }
 // The largest unit (group 64: 4 scale slots).
 constexpr int kMaxUnitBytes = kUnitChunks * (kSlotBytes + kChunkBytes);
 // The most a block may take for 3 blocks an SM (228 KiB, each block also holding 1 KiB for the
@@ -34,8 +32,8 @@ constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
 // A block's shared memory for NT token tiles: mbarriers u64 [kWarps][S], the rings
 // u8 [kWarps][S][SU units] (16-byte aligned after the barriers), then the inputs with XSmem.
-inline size_t tma_ring_bytes(int nt, int unit_bytes, bool early = false) {
-  return size_t(kWarps) * stages_for(nt, early) * (sizeof(uint64_t) + size_t(stage_units(nt, early)) * unit_bytes);
+inline size_t tma_ring_bytes(int nt, int unit_bytes) {
+  return size_t(kWarps) * stages_for(nt) * (sizeof(uint64_t) + size_t(stage_units(nt)) * unit_bytes);
 }
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
@@ -66,9 +64,6 @@ __device__ __forceinline__ void load_inputs(const __nv_bfloat16* const (&xs)[NT]
 // its slots f32 [slots][8][2]), their k-steps interleaved so the V accumulator chains of the tensor
 // cores overlap. xv: their inputs (load_inputs); soff[u]: chunk u's scales, in float2 of `scales`.
 template <int NT, int V>
-__device__ __forceinline__ void mma_chunks(const uint4 (&wv)[V], const float2 (&sv)[V], const uint4 (&xv)[V][NT][2],
-                                           float (&acc)[NT][4]);
-template <int NT, int V>
 __device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* scales, int u0, int lane,
                                              const uint4 (&xv)[V][NT][2], const int (&soff)[kUnitChunks],
                                              float (&acc)[NT][4]) {
@@ -79,12 +74,6 @@ __device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* 
     wv[v] = chunks[(u0 + v) * 32 + lane];
     sv[v] = scales[soff[u0 + v] + lane / 4];
   }
-  mma_chunks<NT, V>(wv, sv, xv, acc);
-}
-// acc += V chunks given their weight words wv and scales sv (of the lane's rows g, g + 8).
-template <int NT, int V>
-__device__ __forceinline__ void mma_chunks(const uint4 (&wv)[V], const float2 (&sv)[V], const uint4 (&xv)[V][NT][2],
-                                           float (&acc)[NT][4]) {
   float p[V][NT][4] = {};
 #pragma unroll
   for (int j = 0; j < 4; ++j)  // k-step j: columns 4j.. of the lane's x words (h = j / 2)
@@ -117,19 +106,18 @@ inline int tma_x_stride(int K, int splits) {
   return (units + splits - 1) / splits * kUnitChunks * kChunk + 8;
 }
 // A block's shared memory with XSmem (one token tile): the rings and T rows of inputs.
-inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes, bool early) {
-  return tma_ring_bytes(1, unit_bytes, early) + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
+inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes) {
+  return tma_ring_bytes(1, unit_bytes) + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
 }
 
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
-// x_stride: tma_x_stride (XSmem). Early: see stage_units.
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool Early>
+// x_stride: tma_x_stride (XSmem).
+template <int NT, int MinBlocks, bool XAhead, bool XSmem>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
                      int* __restrict__ counters, int T, int N, int K, int x_stride) {
-  constexpr int SU = stage_units(NT, Early), S = stages_for(NT, Early);
-  static_assert(!Early || (NT == 1 && !XAhead), "early refill at one token tile");
+  constexpr int SU = stage_units(NT), S = stages_for(NT);
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
@@ -194,28 +182,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   };
   for (int i = 0; i < my_stages; ++i) {
     const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
-    bool refilled = false;
     if (n == SC) {
-      if constexpr (Early) {  // SU == 1: the unit's words and scales to registers, the slot refilled
-        mbar_wait(&full[slot], (i / S) & 1);
-        uint4 wv[kUnitChunks];
-        float2 sv[kUnitChunks];
-#pragma unroll
-        for (int q = 0; q < kUnitChunks; ++q) {
-          wv[q] = unit_chunks(slot, 0)[q * 32 + lane];
-          sv[q] = unit_scales(slot, 0)[soff[q] + lane / 4];
-        }
-        __syncwarp();
-        if (lane == 0 && i + S < my_stages) request(warp, i + S);
-        refilled = true;
-#pragma unroll
-        for (int q = 0; q < kUnitChunks; q += V) {
-          uint4 xv[V][NT][2];
-          load_inputs<NT, V, XSmem>(xs, q, xv);
-          mma_chunks<NT, V>(reinterpret_cast<const uint4(&)[V]>(wv[q]), reinterpret_cast<const float2(&)[V]>(sv[q]),
-                            xv, acc);
-        }
-      } else if constexpr (XAhead) {
+      if constexpr (XAhead) {
         uint4 xv[kUnitChunks][NT][2];
         load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
         mbar_wait(&full[slot], (i / S) & 1);
@@ -245,10 +213,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
                               q % kUnitChunks, lane, xv, soff, acc);
         }
     }
-    if (!refilled) {
-      __syncwarp();  // every lane has read the slot before it is refilled
-      if (lane == 0 && i + S < my_stages) request(warp, i + S);
-    }
+    __syncwarp();  // every lane has read the slot before it is refilled
+    if (lane == 0 && i + S < my_stages) request(warp, i + S);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
   }
@@ -257,10 +223,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, bool Early>
+template <int NT, int MinBlocks, bool XAhead, bool XSmem>
 int tma_kernel_ready() {
   static const int sms = [] {
-    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, Early>;
+    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>;
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -276,14 +242,13 @@ int tma_kernel_ready() {
 
 // Blocks of the kernel with the inputs read through L1 resident on the whole GPU, for the largest
 // unit (which decides the splits; the inputs then fit in shared memory or not); asked once.
-template <int NT, int MinBlocks, bool XAhead, bool Early>
+template <int NT, int MinBlocks, bool XAhead>
 int tma_resident_blocks() {
   static const int n = [] {
-    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false, Early>();
+    const int sms = tma_kernel_ready<NT, MinBlocks, XAhead, false>();
     int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm,
-                                                             qgemv_tma_kernel<NT, MinBlocks, XAhead, false, Early>,
-                                                             kWarps * 32, tma_ring_bytes(NT, kMaxUnitBytes, Early)));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_tma_kernel<NT, MinBlocks, XAhead, false>,
+                                                             kWarps * 32, tma_ring_bytes(NT, kMaxUnitBytes)));
     return sms * std::max(per_sm, 1);
   }();
   return n;
@@ -291,22 +256,22 @@ int tma_resident_blocks() {
 
 // XSmem is taken at one token tile when the block's inputs fit beside the rings with 3 blocks an
 // SM (and x_smem_allowed).
-template <int NT, int MinBlocks, bool XAhead, bool Early>
+template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
                 int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
   const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
   if constexpr (NT == 1) {
-    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes, Early);
+    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes);
     if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
-      tma_kernel_ready<NT, MinBlocks, XAhead, true, Early>();
-      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, Early>, grid, block, x_smem, s, w, x,
-                    out, partial, counters, T, N, K, tma_x_stride(K, splits));
+      tma_kernel_ready<NT, MinBlocks, XAhead, true>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, block, x_smem, s, w, x, out,
+                    partial, counters, T, N, K, tma_x_stride(K, splits));
       return;
     }
   }
-  tma_kernel_ready<NT, MinBlocks, XAhead, false, Early>();
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false, Early>, grid, block,
-                tma_ring_bytes(NT, w.unit_bytes, Early), s, w, x, out, partial, counters, T, N, K, 0);
+  tma_kernel_ready<NT, MinBlocks, XAhead, false>();
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, block, tma_ring_bytes(NT, w.unit_bytes),
+                s, w, x, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

@@ -161,7 +161,6 @@ namespace {
 int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
-bool g_early = env_flag("DS_W4A16_EARLY_REFILL", false);
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
@@ -214,16 +213,12 @@ bool w4a16_gemv_tma() {
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
-bool w4a16_gemv_early_refill() { return g_early; }
-void set_w4a16_gemv_early_refill(bool on) { g_early = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
-    if (!w4a16_gemv_tma()) return qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
-    if constexpr (Kn::NT == 1)
-      if (g_early) return qgemv::tma_resident_blocks<1, Kn::TmaMinBlocks, false, true>();
-    return qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false>();
+    return w4a16_gemv_tma() ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
+                            : qgemv::resident_blocks<W4Tiled, Kn::NT, Kn::U>();
   });
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
@@ -239,18 +234,11 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   const W4Tiled w = tiled_weight(tiled, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
-    if (!w4a16_gemv_tma()) {
+    if (w4a16_gemv_tma())
+      qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, parts, partial, counters, splits, T, N, K,
+                                                                 g_x_smem, s);
+    else
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
-      return;
-    }
-    if constexpr (Kn::NT == 1)
-      if (g_early) {
-        qgemv::launch_tma<1, Kn::TmaMinBlocks, false, true>(w, x, parts, partial, counters, splits, T, N, K, g_x_smem,
-                                                            s);
-        return;
-      }
-    qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead, false>(w, x, parts, partial, counters, splits, T, N, K,
-                                                                      g_x_smem, s);
   });
 }
 
