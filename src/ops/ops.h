@@ -129,10 +129,10 @@ class Ops {
   // backend whose quantized form cannot be cut into rows (CUDA tiles) overrides it.
   virtual void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs);
   // out act [T, N] = act(a, b) . W^T, act(a, b) = silu(a) * b (kSiluMul: the MLP's down_proj) or
-  // a * sigmoid(b) (kMulSigmoid: the attention's o_proj); a, b act [T, K]: silu_mul or
-  // sigmoid_mul, then linear_weight. a may be overwritten. (Gating inside the CUDA GEMV's input
-  // read was measured 2x slower: its activation is recomputed by every warp.)
-  void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out);
+  // a * sigmoid(b) (kMulSigmoid: the attention's o_proj); a, b act [T, K]. The default runs
+  // silu_mul or sigmoid_mul, then linear_weight; a may be overwritten. (CUDA gates the input while
+  // its GEMV stages it in shared memory, where it can: once per block, not per warp.)
+  virtual void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out);
   // x act [R, D] += y act [R, D]
   virtual void add(Tensor x, Tensor y) = 0;
   // x += y, then out = rms_norm(x) (of the sum as stored in act): the residual add and the next

@@ -209,6 +209,47 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
   }
 }
 
+// Gated linears (Ops::gated_linear: silu(a) * b or a * sigmoid(b), then the linear): the CUDA GEMV
+// gates its input while staging it, bit for bit what silu_mul / sigmoid_mul and the plain GEMV
+// give; T 20 takes the separate kernels. Both against the CPU.
+TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
+  const GemvSettingsRestored restore;
+  const int N = 200, K = 1024;
+  W4Case c = make_w4(*gpu, rng, N, K, 128);
+  LinearWeight w_cpu;
+  w_cpu.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+  if (cuda::w4a16_gemv_tma()) {
+    EXPECT_TRUE(cuda::w4a16_gemv_gates_input(1, N, K, 128));
+  }
+  for (GateAct act : {GateAct::kSiluMul, GateAct::kMulSigmoid})
+    for (int T : {1, 3, 8, 20}) {
+      const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng);
+      const std::string what = std::string(act == GateAct::kSiluMul ? "silu_mul" : "mul_sigmoid") + " T" +
+                               std::to_string(T);
+      Tensor oc = cpu.scratch(DType::kF32, {T, N});
+      cpu.gated_linear(cpu.upload(a.data(), DType::kF32, {T, K}, DType::kF32),
+                       cpu.upload(b.data(), DType::kF32, {T, K}, DType::kF32), act, w_cpu, oc);
+      const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+      Tensor ag = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor bg = gpu->upload(b.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor fused = gpu->scratch(DType::kBF16, {T, N}), apart = gpu->scratch(DType::kBF16, {T, N});
+      gpu->gated_linear(ag, bg, act, c.gpu_w, fused);
+      Tensor xg = gpu->scratch(DType::kBF16, {T, K});
+      if (act == GateAct::kSiluMul) {
+        gpu->silu_mul(ag, bg, xg);
+      } else {
+        xg = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);  // a may have been gated in place
+        gpu->sigmoid_mul(xg, bg);
+      }
+      gpu->linear_weight(xg, c.gpu_w, apart);
+      const std::vector<float> got = download(fused);
+      EXPECT_EQ(got, download(apart)) << what;
+      EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
+      gpu->reset_scratch();
+      cpu.reset_scratch();
+    }
+}
+
 // The dequantise + cuBLAS path in blocks of rows: with a 2 MiB step scratch, a weight of N 1000
 // x K 2048 (4 MB in bf16) is dequantised 128 rows at a time (the least block; a quarter of the
 // free scratch holds fewer), and the blocks cross the parts of a fused weight. (A fused 27B

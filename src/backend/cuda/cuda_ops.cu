@@ -397,7 +397,7 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
   DS_ASSERT(out.numel() == x.dim(0) * w.rows, "W4A16 shapes x%s (N %lld) out%s", x.shape_str().c_str(),
             static_cast<long long>(w.rows), out.shape_str().c_str());
   linear_w4a16(B(x), static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), w,
-               cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
+               cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)), nullptr, cuda::GemvGate::kNone);
 }
 
 void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
@@ -422,7 +422,7 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   }
   o.n_parts = static_cast<int>(outs.size());
   if (tiled) {
-    linear_w4a16(B(x), T, K, w, o);
+    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
   } else {
     expect_bf16(w.dense, "linear_parts weight");
     cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(w.dense.dim(0)), K, impl_->stream);
@@ -438,7 +438,27 @@ bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda
 
 }  // namespace
 
-void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out) {
+void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
+  // A W4A16 GEMV whose launch stages its input in shared memory gates it there (w4a16.cu).
+  const int T = static_cast<int>(a.dim(0)), K = static_cast<int>(a.dim(1));
+  const bool fused = w.quantized() && w.format == WeightFormat::kW4A16Tiled && w4a16_takes_gemv(T) &&
+                     T <= cuda::w4a16_gemv_tokens() &&
+                     cuda::w4a16_gemv_gates_input(T, static_cast<int>(w.rows), K, w.group_size);
+  if (!fused) {
+    Ops::gated_linear(a, b, act, w, out);
+    return;
+  }
+  expect_bf16(a, "gated_linear a");
+  expect_bf16(b, "gated_linear b");
+  expect_bf16(out, "gated_linear out");
+  DS_ASSERT(b.numel() == a.numel() && out.numel() == int64_t(T) * w.rows, "gated_linear shapes a%s b%s out%s (N %lld)",
+            a.shape_str().c_str(), b.shape_str().c_str(), out.shape_str().c_str(), static_cast<long long>(w.rows));
+  linear_w4a16(B(a), T, K, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)), B(b),
+               act == GateAct::kSiluMul ? cuda::GemvGate::kSiluMul : cuda::GemvGate::kMulSigmoid);
+}
+
+void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out,
+                           const void* xb, cuda::GemvGate gate) {
   const auto* x = static_cast<const bf16*>(x_bf16);
   const int N = static_cast<int>(w.rows);
   DS_ASSERT(w.packed.dim(1) == cuda::w4a16_tiled_block_words(K, w.group_size), "W4A16 shapes: K %d, tiled%s", K,
@@ -453,7 +473,8 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
       const int splits = cuda::w4a16_gemv_splits(n, N, K);
       float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
       cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, out.from_token(t0), partial, impl_->gemv_counters, splits,
-                              n, N, K, w.group_size, impl_->stream);
+                              n, N, K, w.group_size, impl_->stream,
+                              xb ? static_cast<const bf16*>(xb) + int64_t(t0) * K : nullptr, gate);
     }
   } else {
     // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each

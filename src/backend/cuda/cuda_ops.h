@@ -14,6 +14,7 @@ namespace ds {
 
 namespace cuda {
 struct GemvOut;
+enum class GemvGate : int;
 }
 
 enum class StateDType { kF32, kF16, kBF16 };
@@ -80,6 +81,7 @@ class CudaOps final : public Ops {
                       Tensor q, Tensor gate) override;
   void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
   void sigmoid_mul(Tensor x, Tensor gate) override;
+  void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) override;
   void concat_cols(Tensor a, Tensor b, Tensor out) override;
   bool supports_sample() const override { return true; }
   void sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) override;
@@ -98,7 +100,9 @@ class CudaOps final : public Ops {
   // The recurrent state pool of GDN layer `layer` [n_slots, Hv, dk, dv] (checks the shape).
   void* gdn_state(const GdnShape& shape, int layer);
   // The W4A16 (tiled) linear of x bf16 [T, K] into one output or the parts of a fused weight.
-  void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out);
+  // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone.
+  void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out, const void* xb,
+                    cuda::GemvGate gate);
   struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
   std::unique_ptr<Impl> impl_;
   CudaOpsOptions options_;

@@ -134,9 +134,16 @@ int64_t w4a16_tiled_block_words(int K, int group);  // u32 words of one 16-row b
 void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, int N, int K, int group,
                          cudaStream_t s);
 int w4a16_gemv_splits(int T, int N, int K);
+// The input gate a W4A16 GEMV may apply while it stages its input: x_gated = silu(x) * xb
+// (kSiluMul) or x * sigmoid(xb) (kMulSigmoid), rounded to bf16 as launch_silu_mul/sigmoid_mul do.
+enum class GemvGate : int { kNone, kSiluMul, kMulSigmoid };
+// Whether one launch of T tokens can gate its input (the TMA GEMV with its inputs in shared memory).
+bool w4a16_gemv_gates_input(int T, int N, int K, int group);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
+// With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input.
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
-                       int splits, int T, int N, int K, int group, cudaStream_t s);
+                       int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
+                       GemvGate gate = GemvGate::kNone);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T)
 void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, cudaStream_t s);
 

@@ -11,9 +11,13 @@
 // tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block
-// first copies its inputs for its chunk range into shared memory, which every warp reads;
-// otherwise each lane reads them through L1, at 4 or more tiles a stage's before its wait.
+// first copies its inputs for its chunk range into shared memory, which every warp reads, and may
+// gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the separate
+// kernels do, so the model's gated linears need no kernel of their own); otherwise each lane reads
+// them through L1, at 4 or more tiles a stage's before its wait.
 #pragma once
+
+#include <type_traits>
 
 #include "backend/cuda/qgemv_kernel.cuh"
 
@@ -110,13 +114,31 @@ inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes) {
   return tma_ring_bytes(1, unit_bytes) + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
 }
 
+// 8 gated inputs: silu(a) * b (GemvGate::kSiluMul) or a * sigmoid(b) (kMulSigmoid), in fp32,
+// rounded to bf16.
+template <GemvGate G>
+__device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
+  const auto* pa = reinterpret_cast<const __nv_bfloat16*>(&a);
+  const auto* pb = reinterpret_cast<const __nv_bfloat16*>(&b);
+  uint4 r;
+  auto* pr = reinterpret_cast<__nv_bfloat16*>(&r);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float fa = __bfloat162float(pa[i]), fb = __bfloat162float(pb[i]);
+    pr[i] = to_bf16(G == GemvGate::kSiluMul ? silu_f(fa) * fb : fa * sigmoid_f(fb));
+  }
+  return r;
+}
+
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
-// x_stride: tma_x_stride (XSmem).
-template <int NT, int MinBlocks, bool XAhead, bool XSmem>
+// x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
-    qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, float* __restrict__ partial,
-                     int* __restrict__ counters, int T, int N, int K, int x_stride) {
+    qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
+                     OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
+                     int x_stride) {
+  static_assert(G == GemvGate::kNone || XSmem, "inputs are gated while they are staged");
   constexpr int SU = stage_units(NT), S = stages_for(NT);
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
@@ -154,8 +176,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a row
     for (int i = threadIdx.x; i < T * row; i += blockDim.x) {
       const int t = i / row, e = i % row * 8;
-      *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) =
-          __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K + int64_t(c_begin) * kChunk + e));
+      const int64_t at = int64_t(t) * K + int64_t(c_begin) * kChunk + e;
+      uint4 v = __ldg(reinterpret_cast<const uint4*>(x + at));
+      if constexpr (G != GemvGate::kNone) v = gate8<G>(v, __ldg(reinterpret_cast<const uint4*>(xb + at)));
+      *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) = v;
     }
     __syncthreads();
   }
@@ -223,10 +247,10 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
-template <int NT, int MinBlocks, bool XAhead, bool XSmem>
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone>
 int tma_kernel_ready() {
   static const int sms = [] {
-    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem>;
+    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G>;
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -254,24 +278,38 @@ int tma_resident_blocks() {
   return n;
 }
 
-// XSmem is taken at one token tile when the block's inputs fit beside the rings with 3 blocks an
-// SM (and x_smem_allowed).
+// Whether a launch of NT token tiles stages its inputs in shared memory (XSmem): one tile, and they
+// fit beside the rings with 3 blocks an SM.
+inline bool tma_x_smem_fits(int nt, int T, int K, int splits, int unit_bytes) {
+  return nt == 1 && tma_x_smem_bytes(T, K, splits, unit_bytes) <= kTmaSmemPerBlock3;
+}
+
+// XSmem where tma_x_smem_fits (and x_smem_allowed); a gate (xb, gate) only with XSmem.
 template <int NT, int MinBlocks, bool XAhead>
-void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, float* partial, int* counters,
-                int splits, int T, int N, int K, bool x_smem_allowed, cudaStream_t s) {
+void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
+                const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
+                bool x_smem_allowed, cudaStream_t s) {
   const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
   if constexpr (NT == 1) {
-    const size_t x_smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes);
-    if (x_smem_allowed && x_smem <= kTmaSmemPerBlock3) {
-      tma_kernel_ready<NT, MinBlocks, XAhead, true>();
-      launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true>, grid, block, x_smem, s, w, x, out,
-                    partial, counters, T, N, K, tma_x_stride(K, splits));
+    if (x_smem_allowed && tma_x_smem_fits(NT, T, K, splits, w.unit_bytes)) {
+      const size_t smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes);
+      const int stride = tma_x_stride(K, splits);
+      auto go = [&](auto g) {
+        constexpr GemvGate G = decltype(g)::value;
+        tma_kernel_ready<NT, MinBlocks, XAhead, true, G>();
+        launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G>, grid, block, smem, s, w, x, xb,
+                      out, partial, counters, T, N, K, stride);
+      };
+      if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{});
+      else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{});
+      else go(std::integral_constant<GemvGate, GemvGate::kNone>{});
       return;
     }
   }
+  DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
   launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, block, tma_ring_bytes(NT, w.unit_bytes),
-                s, w, x, out, partial, counters, T, N, K, 0);
+                s, w, x, xb, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

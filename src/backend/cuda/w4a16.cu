@@ -223,20 +223,27 @@ int w4a16_gemv_splits(int T, int N, int K) {
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
 
+bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
+  return T >= 1 && T <= 8 && T <= g_tokens && w4a16_gemv_tma() && g_x_smem && w4a16_tiled_supports(K, group) &&
+         qgemv::tma_x_smem_fits(1, T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes);
+}
+
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
-                       int splits, int T, int N, int K, int group, cudaStream_t s) {
+                       int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(tiled) % 16 == 0,
             "W4A16 GEMV: x and the weight must be 16-byte aligned");
+  DS_ASSERT(gate == GemvGate::kNone || (xb && w4a16_gemv_gates_input(T, N, K, group)),
+            "W4A16 GEMV: this launch (T %d, N %d, K %d) cannot gate its input", T, N, K);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
     if (w4a16_gemv_tma())
-      qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, parts, partial, counters, splits, T, N, K,
-                                                                 g_x_smem, s);
+      qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, xb, gate, parts, partial, counters, splits, T,
+                                                                 N, K, g_x_smem, s);
     else
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
   });
