@@ -50,8 +50,9 @@ if [ "${DS_PROFILE_DETAIL:-0}" = 1 ]; then
   "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page raw --csv > "$OUT/ncu_raw_$TAG.csv" 2>&1
   "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page source --csv --print-source sass \
     > "$OUT/sass_stalls_$TAG.csv" 2>&1
-  grep -E "qgemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|Eligible Warps|No Eligible|Warp Cycles Per Issued" \
-    "$OUT/ncu_detail_$TAG.txt" | head -80
+  fields="qgemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy"
+  fields="$fields|Eligible Warps|No Eligible|Warp Cycles Per Issued"
+  grep -E "$fields" "$OUT/ncu_detail_$TAG.txt" | head -80
   python3 - "$OUT/ncu_raw_$TAG.csv" "$OUT/sass_stalls_$TAG.csv" <<'PY'
 import csv, sys
 # Warp stall reasons per GEMV launch (warps stalled per issued instruction), from the raw page.

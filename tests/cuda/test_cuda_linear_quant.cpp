@@ -356,7 +356,8 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
     p.blocks_per_sm = b.blocks_per_sm;
     const double gbps = cuda::stream_probe_gbps(p);
     EXPECT_GT(gbps, 0);
-    std::printf("[figure] stream bulk %5d B x %d stages, %2d warps x %d blocks an SM: %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+    std::printf("[figure] stream bulk %5d B x %d stages, %2d warps x %d blocks an SM: %.0f GB/s "
+                "(%.1f%% of %.0f GB/s)\n",
                 b.bytes, b.stages, b.threads / 32, b.blocks_per_sm, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
   }
   for (auto [unroll, threads, blocks] : std::vector<std::array<int, 3>>{{4, 256, 4}, {8, 256, 3}, {8, 512, 2}}) {
@@ -367,7 +368,8 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
     p.blocks_per_sm = blocks;
     const double gbps = cuda::stream_probe_gbps(p);
     EXPECT_GT(gbps, 0);
-    std::printf("[figure] stream loads %d x 16 B in flight, %2d warps x %d blocks an SM: %.0f GB/s (%.1f%% of %.0f GB/s)\n",
+    std::printf("[figure] stream loads %d x 16 B in flight, %2d warps x %d blocks an SM: %.0f GB/s "
+                "(%.1f%% of %.0f GB/s)\n",
                 unroll, threads / 32, blocks, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
   }
 }

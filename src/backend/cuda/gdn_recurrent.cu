@@ -1,9 +1,9 @@
 // Gated delta rule, token by token (the columns of S are independent given k, q, g and beta).
 // Decode-sized chunks: the state lives in registers across 4 warps (gdn_decode_kernel). (A warp
 // per 4 columns summing with shuffles, no block barrier a token, measured slower on the H200:
-// docs/perf/2026-11-29-s6-cuda-27b.md.) Long chunks: one block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory for the whole
-// chunk, thread j owning column j; CudaOps uses it only where the chunked tensor-core kernel
-// (gdn_chunked.cu) lacks the shape.
+// docs/perf/2026-11-29-s6-cuda-27b.md.) Long chunks: one block per (sequence, v-head) holds
+// S [dk, dv] in fp32 shared memory for the whole chunk, thread j owning column j; CudaOps uses it
+// only where the chunked tensor-core kernel (gdn_chunked.cu) lacks the shape.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"

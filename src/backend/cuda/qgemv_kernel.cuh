@@ -86,7 +86,9 @@ struct W4Tiled {
   int slots;       // kUnitChunks >> slot_shift
   int slot_shift;  // min(log2(group / 64), 2): chunk u of a unit has its scales in slot u >> slot_shift
 
-  __device__ __forceinline__ int64_t unit_offset(int rb, int u) const { return (int64_t(rb) * n_units + u) * unit_bytes; }
+  __device__ __forceinline__ int64_t unit_offset(int rb, int u) const {
+    return (int64_t(rb) * n_units + u) * unit_bytes;
+  }
   __device__ __forceinline__ const unsigned char* unit(int rb, int u) const { return base + unit_offset(rb, u); }
 
   struct Frag {

@@ -308,8 +308,8 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   }
   DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, block, tma_ring_bytes(NT, w.unit_bytes),
-                s, w, x, xb, out, partial, counters, T, N, K, 0);
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, block,
+                tma_ring_bytes(NT, w.unit_bytes), s, w, x, xb, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv
