@@ -1,9 +1,11 @@
 // Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 128, with and without
 // programmatic dependent launch) and the dequantise + cuBLAS path (whole and in blocks of rows)
-// on weights repacked by prepare_weight (signed scales, N not a multiple of 16, groups
-// 64/128/256, and group 32, which is stored dequantised); the int8 group-128 lm_head (GEMV for
+// on weights repacked by prepare_weight (signed scales, N not a multiple of 16, groups 64 to 512,
+// K ending on a short unit, and group 32, which is stored dequantised); gated linears (the input
+// gated inside the GEMV) against the separate kernels; the int8 group-128 lm_head (GEMV for
 // T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against CpuOps' int8
-// twin. Timing figures at the Qwen3.8-27B shapes. Skipped where there is no GPU.
+// twin. Figures: the streaming ceilings of the GEMVs' ways of reading weights, and timings at the
+// Qwen3.8-27B shapes. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
