@@ -441,8 +441,7 @@ bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda
 void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
   // A W4A16 GEMV whose launch stages its input in shared memory gates it there (w4a16.cu).
   const int T = static_cast<int>(a.dim(0)), K = static_cast<int>(a.dim(1));
-  const bool fused = w.quantized() && w.format == WeightFormat::kW4A16Tiled && w4a16_takes_gemv(T) &&
-                     T <= cuda::w4a16_gemv_tokens() &&
+  const bool fused = w.quantized() && w.format == WeightFormat::kW4A16Tiled &&
                      cuda::w4a16_gemv_gates_input(T, static_cast<int>(w.rows), K, w.group_size);
   if (!fused) {
     Ops::gated_linear(a, b, act, w, out);

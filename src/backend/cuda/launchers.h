@@ -137,7 +137,8 @@ int w4a16_gemv_splits(int T, int N, int K);
 // The input gate a W4A16 GEMV may apply while it stages its input: x_gated = silu(x) * xb
 // (kSiluMul) or x * sigmoid(xb) (kMulSigmoid), rounded to bf16 as launch_silu_mul/sigmoid_mul do.
 enum class GemvGate : int { kNone, kSiluMul, kMulSigmoid };
-// Whether one launch of T tokens can gate its input (the TMA GEMV with its inputs in shared memory).
+// Whether T tokens take one launch that can gate its input (the TMA GEMV, T <= 8 and within
+// w4a16_gemv_tokens, its inputs in shared memory).
 bool w4a16_gemv_gates_input(int T, int N, int K, int group);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
 // With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input.
