@@ -176,10 +176,8 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
   }
 }
 
-// The block's kWarps warps' results to out: directly without split-K, else through the partials
-// (the last block of the tile sums them). Threads 0 .. kWarps * 32 - 1 call it, and only they:
-// they meet at named barrier 1 (a TMA block's copy warp has left by then).
-__device__ __forceinline__ void row_warps_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kWarps * 32) : "memory"); }
+// The block's results to out: directly without split-K, else through the partials (the last
+// block of the tile sums them). Every thread of the block calls it.
 template <int NT>
 __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const OutParts& out,
                                               float* __restrict__ partial, int* __restrict__ counters, int T, int N,
@@ -207,13 +205,13 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
     }
   __shared__ int is_last;
   __threadfence();  // partials visible device-wide before the counter moves
-  row_warps_sync();
+  __syncthreads();
   if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
-  row_warps_sync();
+  __syncthreads();
   if (!is_last) return;
   __threadfence();
   const int n0 = blockIdx.x * kTileRows;
-  for (int i = threadIdx.x; i < T * kTileRows; i += kWarps * 32) {
+  for (int i = threadIdx.x; i < T * kTileRows; i += blockDim.x) {
     const int t = i / kTileRows, n = n0 + i % kTileRows;
     if (n >= N) continue;
     float s = 0.f;

@@ -235,8 +235,9 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
             group);
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(tiled) % 16 == 0,
             "W4A16 GEMV: x and the weight must be 16-byte aligned");
-  DS_ASSERT(gate == GemvGate::kNone || (xb && w4a16_gemv_gates_input(T, N, K, group)),
-            "W4A16 GEMV: this launch (T %d, N %d, K %d) cannot gate its input", T, N, K);
+  // Whether the inputs fit in shared memory to be gated there is launch_tma's check.
+  DS_ASSERT(gate == GemvGate::kNone || (xb && w4a16_gemv_tma()),
+            "W4A16 GEMV: a gated input needs its second input and the TMA kernel (T %d, N %d, K %d)", T, N, K);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
   with_kernel(T, [&](auto k) {
