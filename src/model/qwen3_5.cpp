@@ -23,28 +23,6 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::synthetic(const ModelConfig& c
   return std::unique_ptr<Qwen35Model>(new Qwen35Model(config, std::move(w), ops));
 }
 
-Qwen35Model::Qwen35Model(const ModelConfig& cfg, ModelWeights w, Ops& ops) : cfg_(cfg), w_(std::move(w)), ops_(ops) {
-  std::vector<const LinearWeight*> order;
-  auto add = [&](const FusedLinear& f) {  // as linear() calls its groups: dense ones first
-    for (bool quantized : {false, true})
-      for (const FusedLinear::Group& g : f.groups)
-        if (g.w.quantized() == quantized) order.push_back(&g.w);
-  };
-  for (const LayerWeights& L : w_.layers) {  // as decoder_layer calls them
-    if (L.type == LayerType::kLinearAttention) {
-      add(L.gdn.in_proj);
-      order.push_back(&L.gdn.out_proj);
-    } else {
-      add(L.attn.qkv_proj);
-      order.push_back(&L.attn.o_proj);
-    }
-    add(L.mlp.gate_up);
-    order.push_back(&L.mlp.down_proj);
-  }
-  order.push_back(&w_.lm_head);
-  ops_.set_linear_order(order);
-}
-
 CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_slots) const {
   CacheGeometry g;
   g.n_kv_layers = cfg_.n_full_attention_layers() + (has_mtp() ? 1 : 0);
@@ -67,14 +45,10 @@ void Qwen35Model::linear(Tensor x, const FusedLinear& w, std::initializer_list<T
   for (const FusedLinear::Group& g : w.groups) n_grouped += g.n_parts;
   DS_ASSERT(outs.size() == w.rows.size() && n_grouped == w.rows.size(),
             "%zu outputs for a fused linear of %zu parts, %zu of them in groups", outs.size(), w.rows.size(), n_grouped);
-  // Dense groups first (the GDN in_proj_b/a beside a W4A16 qkvz): a small kernel launched
-  // before the big GEMV runs while that GEMV's first weights stream in, rather than after it.
-  for (bool quantized : {false, true}) {
-    const Tensor* part = outs.begin();
-    for (const FusedLinear::Group& g : w.groups) {
-      if (g.w.quantized() == quantized) ops_.linear_parts(x, g.w, std::span<const Tensor>(part, g.n_parts));
-      part += g.n_parts;
-    }
+  const Tensor* part = outs.begin();
+  for (const FusedLinear::Group& g : w.groups) {
+    ops_.linear_parts(x, g.w, std::span<const Tensor>(part, g.n_parts));
+    part += g.n_parts;
   }
 }
 

@@ -118,8 +118,7 @@ class Qwen35Model {
   Tensor forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor* hidden_out = nullptr);
 
  private:
-  // Tells ops the order of the main forward's linears (Ops::set_linear_order).
-  Qwen35Model(const ModelConfig& cfg, ModelWeights w, Ops& ops);
+  Qwen35Model(const ModelConfig& cfg, ModelWeights w, Ops& ops) : cfg_(cfg), w_(std::move(w)), ops_(ops) {}
   Tensor gdn_block(const LayerWeights& L, Tensor h);
   Tensor attention_block(const LayerWeights& L, Tensor h);
   void mlp_block(const MlpWeights& m, Tensor h, Tensor out);

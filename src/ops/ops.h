@@ -39,7 +39,6 @@ struct LinearWeight {
   int group_size = 0;  // > 0: quantized
   WeightFormat format = WeightFormat::kW4A16;
   int64_t rows = 0;  // N of the kW4A16Tiled form (its tensors are padded to 16-row blocks)
-  int64_t cols = 0;  // K of the kW4A16Tiled form
   bool quantized() const { return group_size > 0; }
 };
 
@@ -103,10 +102,6 @@ class Ops {
   // kInt8 (CudaOpsOptions::int8_vocab). CPU: with int8 vocab tables on, the same quantisation
   // applied in place to the fp32 values (the twin of the CUDA kernels).
   virtual void prepare_weight(LinearWeight& w, WeightRole role) {}
-  // The model's linears in the order its forward uses them, once all are prepared (they stay
-  // where they are). A backend may fetch each one's weights ahead while the one before it runs
-  // (CUDA: W4A16 GEMVs prefetch their successor into L2). Default: ignored.
-  virtual void set_linear_order(std::span<const LinearWeight* const> order) {}
 
   // out act [T, H] = table[plan.token_ids]; table [V, H] dense or kInt8 (dequantised on gather)
   virtual void embedding(const LinearWeight& table, Tensor out) = 0;

@@ -121,35 +121,23 @@ TEST_P(CudaModel, ChunkedPrefillMatchesOnePiece) {
 // Programmatic dependent launch (DS_PDL) changes when kernels start, never what they compute:
 // one-token steps (decode graphs) and 7-token steps (verify-shaped graphs) give bit-identical
 // logits with it on and off.
-// Launch hints change no result: programmatic dependent launch (scheduling only) and the W4A16
-// GEMVs' L2 prefetch of the next linear's weights. Logits bit-equal with neither, with PDL, and with
-// both.
-TEST_P(CudaModel, LaunchHintsChangeNothing) {
+TEST_P(CudaModel, PdlChangesNothing) {
   Reference ref = load_reference(GetParam());
-  const bool pdl_before = cuda::pdl_enabled();
-  const int64_t prefetch_before = cuda::w4a16_gemv_prefetch_bytes();
-  const struct {
-    bool pdl;
-    int64_t prefetch;
-  } configs[] = {{false, 0}, {true, 0}, {true, int64_t(16) << 20}};
-  std::vector<float> logits[3];
-  for (int c = 0; c < 3; ++c) {
-    cuda::set_pdl_enabled(configs[c].pdl);
-    cuda::set_w4a16_gemv_prefetch_bytes(configs[c].prefetch);
+  const bool before = cuda::pdl_enabled();
+  std::vector<float> logits[2];
+  for (int on = 0; on < 2; ++on) {
+    cuda::set_pdl_enabled(on == 1);
     GpuEngine e = make_gpu_engine(GetParam());
     for (int chunk : {1, 7}) {
       const std::vector<float> l = gpu_prefill(e, ref.prompt_ids, chunk);
-      logits[c].insert(logits[c].end(), l.begin(), l.end());
+      logits[on].insert(logits[on].end(), l.begin(), l.end());
     }
   }
-  cuda::set_pdl_enabled(pdl_before);
-  cuda::set_w4a16_gemv_prefetch_bytes(prefetch_before);
-  for (int c = 1; c < 3; ++c) {
-    ASSERT_EQ(logits[0].size(), logits[c].size());
-    size_t differ = 0;
-    for (size_t i = 0; i < logits[0].size(); ++i) differ += logits[0][i] != logits[c][i];
-    EXPECT_EQ(differ, 0u) << GetParam() << ": logits that differ with " << (c == 1 ? "PDL" : "PDL and L2 prefetch");
-  }
+  cuda::set_pdl_enabled(before);
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  size_t differ = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) differ += logits[0][i] != logits[1][i];
+  EXPECT_EQ(differ, 0u) << GetParam() << ": logits that differ with programmatic dependent launch";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(fixture_names()));

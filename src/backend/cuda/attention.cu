@@ -32,8 +32,8 @@ __device__ __forceinline__ int64_t cache_row(const int32_t* block_tables, int ma
 __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache,
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
                                  const int32_t* block_tables, int max_blocks, int width, int block_size) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.x;
   const int s = seq_of_token[t];
   const int64_t row = cache_row(block_tables, max_blocks, s, n_past[s] + (t - cu_seqlens[s]), block_size);
@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
     const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, const int32_t* cu_seqlens,
     const int32_t* n_past, const int32_t* block_tables, int max_blocks, int nH, int nKV, int hd, int block_size,
     float scale, int n_splits, int split_len, int row_groups, int t_begin, int max_chunk) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   // Dynamic shared memory (kAttnSmemBytes): K and V tiles, two of each, then the query rows.
   extern __shared__ __align__(16) unsigned char attn_smem[];
   KvTile* ks = reinterpret_cast<KvTile*>(attn_smem);  // [2]
@@ -195,8 +195,8 @@ constexpr int kCombineWarps = 8;
 __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(
     const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens, int t_begin, int nH,
     int hd, int n_splits, int min_chunk, int max_chunk) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   __shared__ float red[kCombineWarps];
   __shared__ float sums[kCombineWarps][kMaxHeadDim];
   const int th = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -38,8 +38,8 @@ __device__ __forceinline__ ConvSeq conv_seq(int s, bf16* state, const int32_t* c
 __global__ void conv1d_silu_kernel(const bf16* mixed, const float* w, const bf16* state, bf16* out,
                                    const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
                                    const int32_t* slots, int C, int K) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.x;
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= C) return;
@@ -56,8 +56,8 @@ __global__ void conv1d_silu_kernel(const bf16* mixed, const float* w, const bf16
 // written in ascending order and each reads a row at least as far along, so in-place is safe.
 __global__ void conv1d_state_kernel(const bf16* mixed, bf16* state, const int32_t* cu_seqlens, const int32_t* n_past,
                                     const int32_t* slots, int C, int K) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const ConvSeq q = conv_seq(blockIdx.x, state, cu_seqlens, n_past, slots, C, K);
   if (c >= C || q.T == 0) return;
@@ -72,8 +72,8 @@ constexpr int kMaxShortK = 8;  // kernel widths the one-kernel path holds in reg
 __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* state, bf16* out,
                                     const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int C,
                                     int K) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const ConvSeq q = conv_seq(blockIdx.x, state, cu_seqlens, n_past, slots, C, K);
   if (c >= C || q.T == 0) return;

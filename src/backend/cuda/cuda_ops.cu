@@ -206,7 +206,6 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
     w.scales = Tensor{};
     w.format = WeightFormat::kW4A16Tiled;
     w.rows = N;
-    w.cols = K;
     return;
   }
   if (role == WeightRole::kLinear || !options_.int8_vocab || w.dense.dim(1) % 128 != 0) return;
@@ -457,16 +456,6 @@ void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& 
                act == GateAct::kSiluMul ? cuda::GemvGate::kSiluMul : cuda::GemvGate::kMulSigmoid);
 }
 
-void CudaOps::set_linear_order(std::span<const LinearWeight* const> order) {
-  next_w4a16_.clear();
-  const LinearWeight* prev = nullptr;
-  for (const LinearWeight* w : order) {
-    if (!w->quantized() || w->format != WeightFormat::kW4A16Tiled) continue;
-    if (prev) next_w4a16_[prev->packed.data] = w;
-    prev = w;
-  }
-}
-
 void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out,
                            const void* xb, cuda::GemvGate gate) {
   const auto* x = static_cast<const bf16*>(x_bf16);
@@ -478,23 +467,13 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
   const size_t mark = scratch_mark();
   if (w4a16_takes_gemv(T)) {
     const int per_launch = cuda::w4a16_gemv_tokens();
-    // What the last launch prefetches: the first weights of the next W4A16 linear, which takes
-    // the same tokens (an earlier slice's launch prefetches this weight again for the next slice).
-    const auto succ = next_w4a16_.find(w.packed.data);
-    const LinearWeight* next = succ != next_w4a16_.end() ? succ->second : nullptr;
     for (int t0 = 0; t0 < T; t0 += per_launch) {
       const int n = std::min(per_launch, T - t0);
       const int splits = cuda::w4a16_gemv_splits(n, N, K);
       float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
-      cuda::GemvL2Prefetch pf;
-      if (t0 + n < T)
-        pf = cuda::w4a16_gemv_prefetch(tiled, std::min(per_launch, T - t0 - n), N, K, w.group_size);
-      else if (next)
-        pf = cuda::w4a16_gemv_prefetch(static_cast<const uint32_t*>(next->packed.data), std::min(per_launch, T),
-                                       static_cast<int>(next->rows), static_cast<int>(next->cols), next->group_size);
       cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, out.from_token(t0), partial, impl_->gemv_counters, splits,
                               n, N, K, w.group_size, impl_->stream,
-                              xb ? static_cast<const bf16*>(xb) + int64_t(t0) * K : nullptr, gate, pf);
+                              xb ? static_cast<const bf16*>(xb) + int64_t(t0) * K : nullptr, gate);
     }
   } else {
     // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each

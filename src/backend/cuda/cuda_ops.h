@@ -6,7 +6,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "ops/ops.h"
@@ -60,8 +59,6 @@ class CudaOps final : public Ops {
   // and replayed after (env DS_CUDA_GRAPHS=0: never).
   std::vector<Tensor> run_step(const std::function<std::vector<Tensor>()>& record) override;
   void prepare_weight(LinearWeight& w, WeightRole role) override;
-  // Each W4A16 linear's successor among them, whose first weights its GEMV prefetches into L2.
-  void set_linear_order(std::span<const LinearWeight* const> order) override;
   void embedding(const LinearWeight& table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
@@ -118,8 +115,6 @@ class CudaOps final : public Ops {
   bool graph_step_ = false;        // the current step may run as a recorded graph
   size_t scratch_used_ = 0;
   size_t weight_bytes_ = 0, cache_bytes_ = 0;
-  // The tiled buffer of each W4A16 linear -> the W4A16 linear a forward uses next (set_linear_order)
-  std::unordered_map<const void*, const LinearWeight*> next_w4a16_;
 };
 
 }  // namespace ds

@@ -16,8 +16,8 @@ constexpr int kThreads = 256;
 inline int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
 
 __global__ void embedding_kernel(const bf16* table, const int32_t* ids, bf16* out, int H) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.x;
   const bf16* row = table + int64_t(ids[t]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(t) * H + i] = row[i];
@@ -47,7 +47,7 @@ __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* aux, bf16* sum, c
   const int tid = kWarpRow ? lane : threadIdx.x, nthr = kWarpRow ? 32 : blockDim.x;
   if (r >= R) return;  // whole warps (kWarpRow) or the whole block leave together
   const int nv = D / 8;
-  // The norm weights first: no kernel writes them, so they load while the kernels before end.
+  // The norm weights first: no kernel writes them, so they load while the previous kernel ends.
   float4 wv[kMaxVec][2];
 #pragma unroll
   for (int k = 0; k < kMaxVec; ++k) {
@@ -57,8 +57,8 @@ __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* aux, bf16* sum, c
       wv[k][1] = __ldg(reinterpret_cast<const float4*>(w) + 2 * c + 1);
     }
   }
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const uint4* xr = reinterpret_cast<const uint4*>(x + r * D);
   const uint4* ar = reinterpret_cast<const uint4*>(aux + r * D);
   uint4 v[kMaxVec], zv[kMaxVec];  // zv: the gate (kGated), read with x rather than after the sum
@@ -133,8 +133,8 @@ void launch_norm(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16
 
 // Scalar fallbacks for D not a multiple of 8 (tiny test shapes).
 __global__ void rms_norm_kernel(const bf16* x, const float* w, bf16* out, int D, float eps) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t r = blockIdx.x;
   const bf16* xr = x + r * D;
   float ss = 0.f;
@@ -148,8 +148,8 @@ __global__ void rms_norm_kernel(const bf16* x, const float* w, bf16* out, int D,
 
 __global__ void gated_rms_norm_kernel(const bf16* x, const bf16* z, const float* w, bf16* out, int D, float eps,
                                       bool sigmoid_gate) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t r = blockIdx.x;
   float ss = 0.f;
   for (int i = threadIdx.x; i < D; i += blockDim.x) {
@@ -165,37 +165,37 @@ __global__ void gated_rms_norm_kernel(const bf16* x, const bf16* z, const float*
 }
 
 __global__ void add_kernel(bf16* x, const bf16* y, int64_t n) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = to_bf16(to_f32(x[i]) + to_f32(y[i]));
 }
 
 __global__ void silu_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int64_t n) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = to_bf16(silu_f(to_f32(gate[i])) * to_f32(up[i]));
 }
 
 __global__ void sigmoid_mul_kernel(bf16* x, const bf16* gate, int64_t n) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     x[i] = to_bf16(to_f32(x[i]) * sigmoid_f(to_f32(gate[i])));
 }
 
 __global__ void gather_rows_kernel(const bf16* x, const int32_t* rows, bf16* out, int H) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int r = blockIdx.x;
   const bf16* src = x + int64_t(rows[r]) * H;
   for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(r) * H + i] = src[i];
 }
 
 __global__ void concat_cols_kernel(const bf16* a, const bf16* b, bf16* out, int D1, int D2) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int D = D1 + D2;
   for (int i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = i < D1 ? a[t * D1 + i] : b[t * D2 + i - D1];
@@ -203,8 +203,8 @@ __global__ void concat_cols_kernel(const bf16* a, const bf16* b, bf16* out, int 
 
 // Block per (token, head): copies the head's query and gate halves (16-byte vectors when hd % 8 == 0).
 __global__ void split_query_gate_kernel(const bf16* p, bf16* q, bf16* gate, int n_heads, int hd) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t t = blockIdx.x, h = blockIdx.y;
   const bf16* src = p + (t * n_heads + h) * 2 * hd;
   bf16* qd = q + (t * n_heads + h) * hd;
@@ -224,8 +224,8 @@ __global__ void split_query_gate_kernel(const bf16* p, bf16* q, bf16* gate, int 
 
 // Block per (token, head); thread i rotates the pair (i, i + rotary_dim / 2).
 __global__ void rope_kernel(bf16* x, const int32_t* positions, int n, int hd, int rotary_dim, float theta) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int64_t t = blockIdx.x;
   const int half = rotary_dim / 2;
   const float pos = static_cast<float>(positions[t]);
@@ -250,8 +250,8 @@ constexpr int kPrepMaxHd = 256;
 __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
     const bf16* p, bf16* k, const float* q_norm, const float* k_norm, bf16* q, bf16* gate, const int32_t* positions,
     int nH, int nKV, int hd, int rotary_dim, float theta, float eps) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   __shared__ float row[kPrepWarps][kPrepMaxHd];
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = rotary_dim / 2;
@@ -288,8 +288,8 @@ __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
 
 __global__ void gdn_gates_kernel(const bf16* a, const bf16* b, const float* a_log, const float* dt_bias, float* g,
                                  float* beta, int64_t n, int Hv) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int h = static_cast<int>(i % Hv);
     gdn_gate(to_f32(a[i]), to_f32(b[i]), a_log[h], dt_bias[h], g[i], beta[i]);

@@ -19,8 +19,8 @@ namespace {
 __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const float* beta, void* state, int state_dtype,
                                      bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
                                      const int32_t* slots, int Hk, int Hv, int dk, int dv, int cols_per_block) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   extern __shared__ float smem[];
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int col0 = blockIdx.z * cols_per_block, cols = min(cols_per_block, dv - col0);
@@ -79,7 +79,8 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
 // warps per (sequence, v-head, 32 state columns); lane = column, warp w holds rows
 // [w*rpw, (w+1)*rpw) of those columns in registers (rpw = dk/4 rounded up), so the state is read
 // and written once per step with no shared-memory copy. The state loads are issued first, before
-// pdl_wait (launch.cuh: no kernel of the step but this one writes the layer's state); a prologue then loads every token's q, k (L2-normalised, a warp per
+// pdl_wait (launch.cuh: only the kernel just before may still run, and no kernel but this one
+// writes the layer's state); a prologue then loads every token's q, k (L2-normalised, a warp per
 // token), v and gates into shared memory at once; the token loop then only sums columns over the
 // 4 warps, through two shared buffers (two barriers a token).
 constexpr int kDecodeWarps = 4;
@@ -94,7 +95,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
   __shared__ float vs[kGdnDecodeMaxTokens][32];           // values of the CTA's columns [T, 32]
   __shared__ float alpha_s[kGdnDecodeMaxTokens], beta_s[kGdnDecodeMaxTokens];
   __shared__ float red[2][kDecodeWarps][32];              // per-warp column sums: k^T S, then q^T S
-  pdl_trigger();  // launch.cuh
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int col = blockIdx.z * 32 + lane;
@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
   const int64_t state_off = (int64_t(slots[s]) * Hv + h) * dk * dv;
   const bool fresh = n_past[s] == 0;
 
-  // The state first (no kernel of the step writes the step plan or, but this one, the state): its
-  // loads are in flight while the kernels before end and the prologue reads q, k, v and gates.
+  // The state first (the step plan and the state are not written by the kernel before this one):
+  // its loads are in flight while the previous kernel ends and the prologue reads q, k, v and gates.
   float S[kDecodeMaxRows];
 #pragma unroll
   for (int r = 0; r < kDecodeMaxRows; ++r) {
@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
                                                      : 0.f;
   }
   pdl_wait();  // qkv and the gates come from the kernels before
+  pdl_trigger();
 
   const float q_scale = rsqrtf(static_cast<float>(dk));
   for (int t = warp; t < T; t += kDecodeWarps) {

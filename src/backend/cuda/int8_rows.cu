@@ -53,8 +53,8 @@ __global__ void int8_dequant_rows_kernel(const int8_t* q, const float* scales, b
 
 // One block per token: out[t, :] = q[ids[t], :] * scale, 4 columns per thread and step.
 __global__ void int8_embedding_kernel(const int8_t* q, const float* scales, const int32_t* ids, bf16* out, int H) {
-  pdl_trigger();  // launch.cuh
-  pdl_wait();
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   const int t = blockIdx.x;
   const int64_t row = ids[t];
   const uint32_t* src = reinterpret_cast<const uint32_t*>(q + row * H);

@@ -1,14 +1,10 @@
 // launch_kernel: how the kernels of a forward step are launched. With programmatic dependent
 // launch on (pdl_enabled(), DS_PDL=1) each launch carries the programmatic-serialization
-// attribute, so its blocks are scheduled while the kernels before it finish and the launch gaps
-// disappear. Every kernel launched here therefore calls pdl_trigger() first, so the next one may
-// be scheduled as soon as all of this one's blocks have started (a chain of small kernels is then
-// resident at once, and the GEMV after it streams its first weights meanwhile), and pdl_wait()
-// before it touches any memory a kernel before it writes or reads: with the early triggers any
-// earlier kernel of the chain may still run, so only what no kernel of the step writes (weights,
-// norm gains, the step plan, the layer's own recurrent state) is read before it (ptx.cuh).
-// Kernels launched otherwise (cuBLAS, <<<>>>, copies) are ordinary stream dependencies, which
-// keeps the chain correct.
+// attribute, so its blocks are scheduled while the kernel before it finishes and the launch gap
+// disappears. Every kernel launched here therefore begins with pdl_wait() before it touches any
+// memory the previous kernel writes or reads (weights may be prefetched before it), then calls
+// pdl_trigger() so the next one may be scheduled in turn (ptx.cuh). Kernels launched otherwise
+// (cuBLAS, <<<>>>) are ordinary stream dependencies, which keeps the chain correct.
 #pragma once
 
 #include <cuda_runtime.h>

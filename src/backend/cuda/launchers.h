@@ -140,32 +140,11 @@ enum class GemvGate : int { kNone, kSiluMul, kMulSigmoid };
 // Whether T tokens take one launch that can gate its input (the TMA GEMV, T <= 8 and within
 // w4a16_gemv_tokens, its inputs in shared memory).
 bool w4a16_gemv_gates_input(int T, int N, int K, int group);
-// What a W4A16 GEMV (the TMA kernel) fetches into L2 for the GEMV launched after it, once its
-// warps have asked for their last stages: the first `units` units of each of the first n_streams
-// streams (16-row block rb, K split y; s = rb * splits + y) of that launch, which its warps read
-// first. So the weights of the next linear start arriving while this one ends and the small
-// kernels between the two run. base null: nothing.
-struct GemvL2Prefetch {
-  const void* base = nullptr;  // the next weight's tiled buffer
-  int64_t bytes = 0;           // its size
-  int n_streams = 0;
-  int splits = 1;   // the next launch's K splits
-  int n_units = 0;  // units a 16-row block
-  int unit_bytes = 0;
-  int units = 0;  // units fetched a stream (from its first)
-};
-// The prefetch for a GEMV launch of T tokens (T <= w4a16_gemv_tokens()) of the tiled weight
-// [N, K], at most w4a16_gemv_prefetch_bytes() in all.
-GemvL2Prefetch w4a16_gemv_prefetch(const uint32_t* tiled, int T, int N, int K, int group);
-// env DS_W4A16_PREFETCH_MB (default 16; 0: no prefetch); tests may set it.
-int64_t w4a16_gemv_prefetch_bytes();
-void set_w4a16_gemv_prefetch_bytes(int64_t bytes);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
-// With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input. next: what to prefetch
-// for the following GEMV (w4a16_gemv_prefetch; the register kernel ignores it).
+// With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input.
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
-                       GemvGate gate = GemvGate::kNone, const GemvL2Prefetch& next = {});
+                       GemvGate gate = GemvGate::kNone);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T)
 void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, cudaStream_t s);
 

@@ -104,19 +104,12 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t c) {
   return d;
 }
 
-// `bytes` (a multiple of 16, src 16-byte aligned) of global memory fetched into L2 by the copy unit,
-// with nothing to wait for: a hint that later reads of them will hit L2.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // Programmatic dependent launch. A kernel launched with the programmatic-serialization
-// attribute may start while the kernels before it in the stream still run; pdl_wait() blocks
-// until the kernel before it has finished (which waited for its own predecessor) and its writes
-// are visible, so everything before it may touch only memory no kernel of the chain writes
-// (launch.cuh). Without the attribute it returns at once. pdl_trigger() lets the next kernel start
-// early (its blocks are scheduled once every block of this one has triggered or exited); it does
-// not release any data by itself.
+// attribute may start while the kernel before it in the stream still runs; pdl_wait() blocks
+// until that kernel has finished and its writes are visible, so everything before it may touch
+// only memory the previous kernel neither writes nor reads (weights). Without the attribute it
+// returns at once. pdl_trigger() lets the next kernel start early (its blocks are scheduled once
+// every block of this one has triggered or exited); it does not release any data by itself.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 

@@ -241,8 +241,8 @@ __global__ void __launch_bounds__(kWarps * 32, U > 4 ? 3 : 0)
                  int* __restrict__ counters, int T, int N, int K) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rb = blockIdx.x * kWarps + warp;
-  pdl_trigger();  // launch.cuh
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
+  pdl_trigger();
   int c_begin, c_end;
   split_range(K, c_begin, c_end);
   float acc[NT][4] = {};

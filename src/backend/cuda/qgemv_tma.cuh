@@ -130,29 +130,14 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
   return r;
 }
 
-// This warp's share of the next GEMV's L2 prefetch (GemvL2Prefetch): streams gw, gw + G, ... of it,
-// gw the warp's index in the grid of G warps.
-__device__ __forceinline__ void prefetch_next(const GemvL2Prefetch& pf, int gw, int G) {
-  const auto* base = static_cast<const unsigned char*>(pf.base);
-  for (int s = gw; s < pf.n_streams; s += G) {
-    const int rb = s / pf.splits, y = s % pf.splits;
-    const int u0 = static_cast<int>(int64_t(y) * pf.n_units / pf.splits);
-    const int u1 = static_cast<int>(int64_t(y + 1) * pf.n_units / pf.splits);
-    const int64_t at = (int64_t(rb) * pf.n_units + u0) * pf.unit_bytes;
-    const int64_t len = min(int64_t(min(pf.units, u1 - u0)) * pf.unit_bytes, pf.bytes - at);
-    if (len > 0) bulk_prefetch_l2(base + at, static_cast<uint32_t>(len));
-  }
-}
-
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
-// x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G). next:
-// fetched into L2 by each warp once it has asked for its last stage (prefetch_next).
+// x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
-                     int x_stride, GemvL2Prefetch next) {
+                     int x_stride) {
   static_assert(G == GemvGate::kNone || XSmem, "inputs are gated while they are staged");
   constexpr int SU = stage_units(NT), S = stages_for(NT);
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
@@ -163,7 +148,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   unsigned char* rings = smem_raw + kWarps * S * sizeof(uint64_t);
   const int stage_bytes = SU * w.unit_bytes;
   __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + kWarps * S * stage_bytes);
-  pdl_trigger();  // launch.cuh
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
@@ -186,6 +170,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   }
   __syncwarp();
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
+  pdl_trigger();
 
   if constexpr (XSmem) {  // every thread copies
     const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a row
@@ -212,14 +197,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 
   float acc[NT][4] = {};
   const int my_stages = warp < row_warps ? n_stages : 0;
-  // After the last request (or, with S stages or fewer, the first stage's wait); a warp without
-  // rows at once; with XAhead (whose inputs take every register) after the last stage.
-  const int prefetch_at = XAhead ? my_stages - 1 : max(my_stages - S - 1, 0);
-  auto prefetch = [&] {
-    if (lane == 0 && next.base)
-      prefetch_next(next, (blockIdx.y * gridDim.x + blockIdx.x) * kWarps + warp, gridDim.x * gridDim.y * kWarps);
-  };
-  if (my_stages == 0) prefetch();
   // Unit su of a stage in ring slot `slot`: its scales, then its chunks.
   auto unit_scales = [&](int slot, int su) {
     return reinterpret_cast<const float2*>(rings + slot * stage_bytes + su * w.unit_bytes);
@@ -262,13 +239,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     }
     __syncwarp();  // every lane has read the slot before it is refilled
     if (lane == 0 && i + S < my_stages) request(warp, i + S);
-    if constexpr (!XAhead)
-      if (i == prefetch_at) prefetch();
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
   }
-  if constexpr (XAhead)
-    if (my_stages > 0) prefetch();
   store_results<NT>(acc, out, partial, counters, T, N, blockIdx.x * kWarps + warp, lane);
 }
 
@@ -315,7 +288,7 @@ inline bool tma_x_smem_fits(int nt, int T, int K, int splits, int unit_bytes) {
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
-                bool x_smem_allowed, const GemvL2Prefetch& next, cudaStream_t s) {
+                bool x_smem_allowed, cudaStream_t s) {
   const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
   if constexpr (NT == 1) {
     if (x_smem_allowed && tma_x_smem_fits(NT, T, K, splits, w.unit_bytes)) {
@@ -325,7 +298,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
         constexpr GemvGate G = decltype(g)::value;
         tma_kernel_ready<NT, MinBlocks, XAhead, true, G>();
         launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G>, grid, block, smem, s, w, x, xb,
-                      out, partial, counters, T, N, K, stride, next);
+                      out, partial, counters, T, N, K, stride);
       };
       if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{});
       else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{});
@@ -336,7 +309,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
   launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, block,
-                tma_ring_bytes(NT, w.unit_bytes), s, w, x, xb, out, partial, counters, T, N, K, 0, next);
+                tma_ring_bytes(NT, w.unit_bytes), s, w, x, xb, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

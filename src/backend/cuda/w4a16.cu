@@ -162,11 +162,6 @@ int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
 
-int64_t g_prefetch_bytes = [] {
-  const char* env = std::getenv("DS_W4A16_PREFETCH_MB");
-  return int64_t(std::max(0, env ? std::atoi(env) : 16)) << 20;
-}();
-
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
   return std::clamp(env ? std::atoi(env) : 32, 0, kW4A16GemvMaxTokens);
@@ -233,30 +228,8 @@ bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
          qgemv::tma_x_smem_fits(1, T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes);
 }
 
-int64_t w4a16_gemv_prefetch_bytes() { return g_prefetch_bytes; }
-void set_w4a16_gemv_prefetch_bytes(int64_t bytes) { g_prefetch_bytes = std::max<int64_t>(0, bytes); }
-
-GemvL2Prefetch w4a16_gemv_prefetch(const uint32_t* tiled, int T, int N, int K, int group) {
-  GemvL2Prefetch pf;
-  if (g_prefetch_bytes == 0 || T < 1 || !w4a16_tiled_supports(K, group)) return pf;
-  const UnitShape us(group);
-  const int n_blocks = (N + 15) / 16, n_units = units_of(K);
-  const int splits = w4a16_gemv_splits(T, N, K);
-  const int64_t streams = int64_t(n_blocks) * splits, unit_bytes = us.bytes;
-  const int stream_units = (n_units + splits - 1) / splits;  // the most units a stream has
-  pf.base = tiled;
-  pf.bytes = int64_t(n_blocks) * n_units * unit_bytes;
-  pf.splits = splits;
-  pf.n_units = n_units;
-  pf.unit_bytes = us.bytes;
-  pf.units = static_cast<int>(std::clamp<int64_t>(g_prefetch_bytes / (streams * unit_bytes), 1, stream_units));
-  pf.n_streams = static_cast<int>(std::min(streams, g_prefetch_bytes / (pf.units * unit_bytes) + 1));
-  return pf;
-}
-
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
-                       int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate,
-                       const GemvL2Prefetch& next) {
+                       int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
@@ -271,7 +244,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
     using Kn = decltype(k);
     if (w4a16_gemv_tma())
       qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, xb, gate, parts, partial, counters, splits, T,
-                                                                 N, K, g_x_smem, next, s);
+                                                                 N, K, g_x_smem, s);
     else
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
   });
