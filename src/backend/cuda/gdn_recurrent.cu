@@ -1,10 +1,11 @@
 // Gated delta rule, token by token (the columns of S are independent given k, q, g and beta).
-// Decode-sized chunks: the state lives in registers across 4 warps (gdn_decode_kernel). (A warp
+// Decode-sized chunks: the state lives in registers across 8 warps (gdn_decode_kernel). (A warp
 // per 4 columns summing with shuffles, no block barrier a token, measured slower on the H200:
 // docs/perf/2026-11-29-s6-cuda-27b.md.) Long chunks: one block per (sequence, v-head) holds
 // S [dk, dv] in fp32 shared memory for the whole chunk, thread j owning column j; CudaOps uses it
 // only where the chunked tensor-core kernel (gdn_chunked.cu) lacks the shape.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -75,47 +76,60 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
     if (j < cols) store_state(state, state_off + int64_t(i) * dv + col0 + j, S[i * cols + j], state_dtype);
 }
 
-// Decode-sized chunks (<= kGdnDecodeMaxTokens tokens per sequence, dk <= 128): one CTA of 4
-// warps per (sequence, v-head, 32 state columns); lane = column, warp w holds rows
-// [w*rpw, (w+1)*rpw) of those columns in registers (rpw = dk/4 rounded up), so the state is read
-// and written once per step with no shared-memory copy. The state loads are issued first, before
-// pdl_wait (launch.cuh: only the kernel just before may still run, and no kernel but this one
-// writes the layer's state); a prologue then loads every token's q, k (L2-normalised, a warp per
-// token), v and gates into shared memory at once; the token loop then only sums columns over the
-// 4 warps, through two shared buffers (two barriers a token).
-constexpr int kDecodeWarps = 4;
-constexpr int kDecodeMaxRows = 32;  // rows per warp: dk <= 128
-constexpr int kDecodeMaxK = kDecodeWarps * kDecodeMaxRows;
+// Decode-sized chunks (<= kGdnDecodeMaxTokens tokens per sequence, dk <= 128): one CTA of 8
+// warps per (sequence, v-head, 32 state columns); lane = column, warp w holds rows [16w, 16w + 16)
+// of those columns in registers, so the state is read and written once per step with no
+// shared-memory copy. At a token or a few the kernel is a chain of dependent latencies, so it is
+// written for few instructions a warp: the state's element type is a template parameter, the
+// rows are unrolled with no per-row branch (rows past dk hold zeros and meet zero keys and
+// queries), and 8 warps of 16 rows share the work (4 warps of 32 rows with the element type
+// chosen per element ran 1,800 instructions a warp and took 8.4 us in Nsight Compute: docs/perf/
+// 2026-11-30-s7-cuda-27b.md). The state loads are issued first, before pdl_wait (launch.cuh: only
+// the kernel just before may still run, and no kernel but this one writes the layer's state); a
+// prologue then loads every token's q, k (L2-normalised, a warp per token), v and gates into
+// shared memory at once; the token loop then only sums columns over the 8 warps, through two
+// shared buffers (two barriers a token).
+constexpr int kDecodeWarps = 8;
+constexpr int kDecodeRows = 16;  // rows per warp
+constexpr int kDecodeMaxK = kDecodeWarps * kDecodeRows;
 
+__device__ __forceinline__ float state_to_f32(float v) { return v; }
+__device__ __forceinline__ float state_to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float state_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class S>
+__device__ __forceinline__ S state_from_f32(float v) {
+  if constexpr (std::is_same_v<S, float>) return v;
+  else if constexpr (std::is_same_v<S, __half>) return __float2half_rn(v);
+  else return __float2bfloat16_rn(v);
+}
+
+// StateT: float, __half or __nv_bfloat16 (state_dtype 0, 1, 2), rounded as store_state rounds.
+template <class StateT>
 __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
-    const bf16* qkv, GdnGates gates, void* state, int state_dtype, bf16* out, const int32_t* cu_seqlens,
-    const int32_t* n_past, const int32_t* slots, int Hk, int Hv, int dk, int dv) {
-  __shared__ float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk]
-  __shared__ float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk]
-  __shared__ float vs[kGdnDecodeMaxTokens][32];           // values of the CTA's columns [T, 32]
+    const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
+    const int32_t* slots, int Hk, int Hv, int dk, int dv) {
+  __shared__ __align__(16) float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk], 0 past dk
+  __shared__ __align__(16) float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk], 0 past dk
+  __shared__ float vs[kGdnDecodeMaxTokens][32];                         // values of the CTA's columns [T, 32]
   __shared__ float alpha_s[kGdnDecodeMaxTokens], beta_s[kGdnDecodeMaxTokens];
-  __shared__ float red[2][kDecodeWarps][32];              // per-warp column sums: k^T S, then q^T S
+  __shared__ float red[2][kDecodeWarps][32];  // per-warp column sums: k^T S, then q^T S
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int col = blockIdx.z * 32 + lane;
   const bool has_col = col < dv;
   const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0;
   if (T == 0) return;
-  const int rpw = (dk + kDecodeWarps - 1) / kDecodeWarps;
-  const int i0 = warp * rpw;
+  const int i0 = warp * kDecodeRows, rows = min(kDecodeRows, dk - i0);  // this warp's rows of the state
   const int C = 2 * Hk * dk + Hv * dv;
-  const int64_t state_off = (int64_t(slots[s]) * Hv + h) * dk * dv;
-  const bool fresh = n_past[s] == 0;
+  // Element (i0 + r, col) is st[r * dv].
+  StateT* st = state + (int64_t(slots[s]) * Hv + h) * dk * dv + int64_t(i0) * dv + col;
+  const bool load = has_col && n_past[s] != 0;  // a fresh sequence starts from zeros
 
   // The state first (the step plan and the state are not written by the kernel before this one):
   // its loads are in flight while the previous kernel ends and the prologue reads q, k, v and gates.
-  float S[kDecodeMaxRows];
+  float S[kDecodeRows];
 #pragma unroll
-  for (int r = 0; r < kDecodeMaxRows; ++r) {
-    const int i = i0 + r;
-    S[r] = (r < rpw && i < dk && has_col && !fresh) ? load_state(state, state_off + int64_t(i) * dv + col, state_dtype)
-                                                     : 0.f;
-  }
+  for (int r = 0; r < kDecodeRows; ++r) S[r] = load && r < rows ? state_to_f32(st[r * dv]) : 0.f;
   pdl_wait();  // qkv and the gates come from the kernels before
   pdl_trigger();
 
@@ -134,11 +148,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     const float qn = rsqrtf(warp_sum(qss) + 1e-6f) * q_scale, kn = rsqrtf(warp_sum(kss) + 1e-6f);
 #pragma unroll
     for (int e = 0; e < kDecodeMaxK / 32; ++e) {
-      const int j = lane + 32 * e;
-      if (j < dk) {
-        qs[t][j] = qv[e] * qn;
-        ks[t][j] = kv[e] * kn;
-      }
+      qs[t][lane + 32 * e] = qv[e] * qn;
+      ks[t][lane + 32 * e] = kv[e] * kn;
     }
     vs[t][lane] = has_col ? to_f32(row[2 * Hk * dk + h * dv + col]) : 0.f;
     if (lane == 0) {
@@ -153,26 +164,30 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
   __syncthreads();
 
   for (int t = 0; t < T; ++t) {
+    float kr[kDecodeRows], qr[kDecodeRows];  // this warp's rows of the token's key and query
+#pragma unroll
+    for (int r = 0; r < kDecodeRows; r += 4) {
+      *reinterpret_cast<float4*>(&kr[r]) = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
+      *reinterpret_cast<float4*>(&qr[r]) = *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
+    }
     const float alpha = alpha_s[t];
     float part = 0.f;  // this warp's rows of (alpha S)^T k for the lane's column
 #pragma unroll
-    for (int r = 0; r < kDecodeMaxRows; ++r) {
+    for (int r = 0; r < kDecodeRows; ++r) {
       S[r] *= alpha;  // decay first
-      if (r < rpw && i0 + r < dk) part += S[r] * ks[t][i0 + r];
+      part += S[r] * kr[r];
     }
     red[0][warp][lane] = part;
-    __syncthreads();  // (also: every warp has read red[0] of the previous token before this one's o)
+    __syncthreads();  // (also: every warp has read red[1] of the previous token)
     float mcol = 0.f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) mcol += red[0][w][lane];
     const float delta = beta_s[t] * (vs[t][lane] - mcol);
     float o = 0.f;
 #pragma unroll
-    for (int r = 0; r < kDecodeMaxRows; ++r) {
-      if (r < rpw && i0 + r < dk) {
-        S[r] += ks[t][i0 + r] * delta;
-        o += S[r] * qs[t][i0 + r];  // read after the update
-      }
+    for (int r = 0; r < kDecodeRows; ++r) {
+      S[r] += kr[r] * delta;
+      o += S[r] * qr[r];  // read after the update
     }
     red[1][warp][lane] = o;
     __syncthreads();  // every warp has read red[0] (the next token may write it); red[1] complete
@@ -183,10 +198,10 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
       out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(ocol);
     }
   }
+  if (has_col) {
 #pragma unroll
-  for (int r = 0; r < kDecodeMaxRows; ++r) {
-    const int i = i0 + r;
-    if (r < rpw && i < dk && has_col) store_state(state, state_off + int64_t(i) * dv + col, S[r], state_dtype);
+    for (int r = 0; r < kDecodeRows; ++r)
+      if (r < rows) st[r * dv] = state_from_f32<StateT>(S[r]);
   }
 }
 
@@ -200,8 +215,13 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
   if (n_seqs == 0) return;
   if (short_chunks && gdn_decode_supported(dk)) {
     const dim3 grid(n_seqs, Hv, (dv + 31) / 32);
-    launch_kernel("gdn_decode", gdn_decode_kernel, grid, kDecodeWarps * 32, 0, s, qkv, gates, state, state_dtype, out,
-                  cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
+    auto go = [&](auto* typed_state) {
+      launch_kernel("gdn_decode", gdn_decode_kernel<std::remove_pointer_t<decltype(typed_state)>>, grid,
+                    kDecodeWarps * 32, 0, s, qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
+    };
+    if (state_dtype == 0) go(static_cast<float*>(state));
+    else if (state_dtype == 1) go(static_cast<__half*>(state));
+    else go(static_cast<__nv_bfloat16*>(state));
     return;
   }
   DS_ASSERT(gates.g && gates.beta, "the long-chunk GDN kernel takes precomputed gates");
