@@ -104,6 +104,9 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t c) {
   return d;
 }
 
+// The 128-byte line holding p fetched into L1 (and L2), with nothing to wait for.
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+
 // Programmatic dependent launch. A kernel launched with the programmatic-serialization
 // attribute may start while the kernel before it in the stream still runs; pdl_wait() blocks
 // until that kernel has finished and its writes are visible, so everything before it may touch
