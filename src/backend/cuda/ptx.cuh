@@ -107,6 +107,15 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t c) {
 // The 128-byte line holding p fetched into L1 (and L2), with nothing to wait for.
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
 
+// *p += v at GPU scope with acquire-release order, returning the old value: one thread's
+// arrival for its block (after a block barrier, the release covers every write the block made
+// before it; a barrier after it orders the block's later reads after the acquire).
+__device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 // Programmatic dependent launch. A kernel launched with the programmatic-serialization
 // attribute may start while the kernel before it in the stream still runs; pdl_wait() blocks
 // until that kernel has finished and its writes are visible, so everything before it may touch

@@ -203,13 +203,13 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
       const int t = nt * 8 + 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
       if (t < T && n < N) mine[int64_t(t) * N + n] = acc[nt][i];
     }
+  // The block's partials are released by one acquire-release arrival after the barrier (not a
+  // fence per thread); the last block's reads of the others' come after its acquire.
   __shared__ int is_last;
-  __threadfence();  // partials visible device-wide before the counter moves
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(&counters[blockIdx.x], 1) == splits - 1;
+  if (threadIdx.x == 0) is_last = atomic_add_acq_rel_gpu(&counters[blockIdx.x], 1) == splits - 1;
   __syncthreads();
   if (!is_last) return;
-  __threadfence();
   const int n0 = blockIdx.x * kTileRows;
   for (int i = threadIdx.x; i < T * kTileRows; i += blockDim.x) {
     const int t = i / kTileRows, n = n0 + i % kTileRows;
