@@ -104,9 +104,6 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t c) {
   return d;
 }
 
-// The 128-byte line holding p fetched into L1 (and L2), with nothing to wait for.
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
-
 // *p += v at GPU scope with acquire-release order, returning the old value: one thread's
 // arrival for its block (after a block barrier, the release covers every write the block made
 // before it; a barrier after it orders the block's later reads after the acquire).

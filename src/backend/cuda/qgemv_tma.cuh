@@ -14,8 +14,7 @@
 // first copies its inputs for its chunk range into shared memory, which every warp reads, and may
 // gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the separate
 // kernels do, so the model's gated linears need no kernel of their own); otherwise each lane reads
-// them through L1, at one tile each warp fetching the next stage's into L1 ahead, at 4 or more
-// tiles a stage's loaded before its wait.
+// them through L1, at 4 or more tiles a stage's before its wait.
 #pragma once
 
 #include <type_traits>
@@ -173,16 +172,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
 
-  // Inputs through L1 at one token tile: each warp fetches a stage's input lines (a chunk of a
-  // token's row is one 128-byte line) into L1 a stage ahead, so the first warp of the SM to reach
-  // a stage does not wait on L2 for them.
-  auto prefetch_inputs = [&](int i) {
-    if constexpr (!XSmem && NT == 1) {
-      const int c0 = c_begin + i * SC, n = min(SC, c_end - c0);
-      for (int l = lane; l < T * n; l += 32) prefetch_l1(x + int64_t(l / n) * K + int64_t(c0 + l % n) * kChunk);
-    }
-  };
-  prefetch_inputs(0);
   if constexpr (XSmem) {  // every thread copies
     const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a row
     for (int i = threadIdx.x; i < T * row; i += blockDim.x) {
@@ -216,7 +205,6 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     return reinterpret_cast<const uint4*>(rings + slot * stage_bytes + su * w.unit_bytes + w.slots * kSlotBytes);
   };
   for (int i = 0; i < my_stages; ++i) {
-    if (i + 1 < my_stages) prefetch_inputs(i + 1);
     const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
     if (n == SC) {
       if constexpr (XAhead) {
