@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/ptx.cuh"
 
@@ -94,6 +95,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kt_begin = min(n_kv_tiles, int(blockIdx.z) * per_split);  // this split's K/V tiles
   const int kt_end = min(n_kv_tiles, kt_begin + per_split);            // (may be none)
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
+  pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
+  pdl_trigger();
 
   // Q rows (zeros past the sequence's end).
 #pragma unroll
@@ -307,10 +310,9 @@ void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf1
   (void)configured;
   // Every sequence of len tokens has ceil(len pack / kBM) <= len pack / kBM + 1 tiles.
   const dim3 grid(nH / pack, (T * pack + kBM - 1) / kBM + n_seqs, n_splits);
-  attention_prefill_kernel<HD><<<grid, kThreads, smem, s>>>(q, k_cache, v_cache, out, partial, cu_seqlens, n_past,
-                                                            block_tables, max_blocks, n_seqs, min_len, max_len, pack,
-                                                            nH, nKV, block_size, scale);
-  cuda_check_launch("attention_prefill", s);
+  launch_kernel("attention_prefill", attention_prefill_kernel<HD>, grid, kThreads, smem, s, q, k_cache, v_cache, out,
+                partial, cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, pack, nH, nKV,
+                block_size, scale);
 }
 
 }  // namespace
