@@ -215,16 +215,16 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
         for (int u0 = 0; u0 < kUnitChunks; u0 += V)
           stage_chunks<NT, V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
                               reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
-      } else {  // inputs a V-chunk step ahead: the first before the wait, the next before this one's math
-        uint4 xv[2][V][NT][2];
-        load_inputs<NT, V, XSmem>(xs, 0, xv[0]);
+      } else {
         mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-        for (int q = 0; q < SC; q += V) {
-          if (q + V < SC) load_inputs<NT, V, XSmem>(xs, q + V, xv[(q / V + 1) % 2]);
-          stage_chunks<NT, V>(unit_chunks(slot, q / kUnitChunks), unit_scales(slot, q / kUnitChunks), q % kUnitChunks,
-                              lane, xv[(q / V) % 2], soff, acc);
-        }
+        for (int su = 0; su < SU; ++su)
+#pragma unroll
+          for (int u0 = 0; u0 < kUnitChunks; u0 += V) {
+            uint4 xv[V][NT][2];
+            load_inputs<NT, V, XSmem>(xs, su * kUnitChunks + u0, xv);
+            stage_chunks<NT, V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, soff, acc);
+          }
       }
     } else {  // a warp's last stage, at the end of K: n < SC
       mbar_wait(&full[slot], (i / S) & 1);
