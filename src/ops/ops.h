@@ -166,12 +166,6 @@ class Ops {
   // out = w * (x / rms(x)) * act(z), act = sigmoid if sigmoid_gate else silu.
   // x, z act [R, D]; w f32 [D]; out act [R, D]
   virtual void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) = 0;
-  // gdn_gates_delta_rule, then gated_rms_norm of each v-head's output (D = dv) with z act
-  // [T, Hv * dv] and norm_w f32 [dv], into normed act [T, Hv * dv]: one op where a backend applies
-  // the norm inside the delta-rule kernel (CUDA at decode). Default: the two ops.
-  virtual void gdn_delta_rule_gated_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
-                                         const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps,
-                                         bool sigmoid_gate, Tensor normed);
 
   // --- gated full attention ---
   // p act [T, nH * 2 * hd] (per head [query | gate]) -> q act [T, nH, hd], gate act [T, nH * hd]

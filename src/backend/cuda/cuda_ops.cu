@@ -639,26 +639,6 @@ void CudaOps::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log,
     Ops::gdn_gates_delta_rule(qkv, a, b, a_log, dt_bias, sh, layer, out);  // a gates launch, then the rule
     return;
   }
-  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, cuda::GdnNorm{});
-}
-
-void CudaOps::gdn_delta_rule_gated_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
-                                        const GdnShape& sh, int layer, Tensor z, Tensor norm_w, float eps,
-                                        bool sigmoid_gate, Tensor normed) {
-  static const bool fused = cuda::env_flag("DS_GDN_NORM_FUSED", true);  // 0: the two kernels (A/B)
-  if (!fused || max_chunk_ > cuda::kGdnDecodeMaxTokens || !cuda::gdn_decode_supported(sh.k_head_dim) ||
-      !cuda::gdn_decode_norm_supported(sh.v_head_dim)) {
-    Ops::gdn_delta_rule_gated_norm(qkv, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, normed);
-    return;
-  }
-  expect_bf16(z, "gdn z");
-  expect_f32(norm_w, "gdn norm weight");
-  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, normed,
-             cuda::GdnNorm{B(z), F(norm_w), eps, sigmoid_gate, B(normed)});
-}
-
-void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& sh, int layer,
-                         Tensor out, const cuda::GdnNorm& norm) {
   expect_bf16(a, "gdn a");
   expect_bf16(b, "gdn b");
   void* state = gdn_state(sh, layer);
@@ -669,7 +649,7 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
   gates.dt_bias = F(dt_bias);
   cuda::launch_gdn_recurrent(B(qkv), gates, state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
-                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm);
+                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream);
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {

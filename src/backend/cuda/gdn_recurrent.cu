@@ -4,8 +4,6 @@
 // docs/perf/2026-11-29-s6-cuda-27b.md.) Long chunks: one block per (sequence, v-head) holds
 // S [dk, dv] in fp32 shared memory for the whole chunk, thread j owning column j; CudaOps uses it
 // only where the chunked tensor-core kernel (gdn_chunked.cu) lacks the shape.
-#include <cooperative_groups.h>
-
 #include <algorithm>
 #include <type_traits>
 
@@ -106,20 +104,15 @@ __device__ __forceinline__ S state_from_f32(float v) {
 }
 
 // StateT: float, __half or __nv_bfloat16 (state_dtype 0, 1, 2), rounded as store_state rounds.
-// kNorm: the head's output, rounded to bf16, is RMS-normed and gated (GdnNorm) into norm.out
-// instead of going to out; the head's column tiles are one cluster, each summing its columns'
-// squares per token, read by the others through distributed shared memory after the token loop.
-template <class StateT, bool kNorm>
+template <class StateT>
 __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
-    const int32_t* slots, int Hk, int Hv, int dk, int dv, GdnNorm norm) {
+    const int32_t* slots, int Hk, int Hv, int dk, int dv) {
   __shared__ __align__(16) float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk], 0 past dk
   __shared__ __align__(16) float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk], 0 past dk
   __shared__ float vs[kGdnDecodeMaxTokens][32];                         // values of the CTA's columns [T, 32]
   __shared__ float alpha_s[kGdnDecodeMaxTokens], beta_s[kGdnDecodeMaxTokens];
   __shared__ float red[2][kDecodeWarps][32];  // per-warp column sums: k^T S, then q^T S
-  __shared__ float o_s[kNorm ? kGdnDecodeMaxTokens : 1][32];  // kNorm: the tile's outputs, as bf16 [T, 32]
-  __shared__ float ss_s[kGdnDecodeMaxTokens];                  // kNorm: the tile's sum of their squares [T]
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int col = blockIdx.z * 32 + lane;
@@ -198,37 +191,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     }
     red[1][warp][lane] = o;
     __syncthreads();  // every warp has read red[0] (the next token may write it); red[1] complete
-    if (warp == 0) {
+    if (warp == 0 && has_col) {
       float ocol = 0.f;
 #pragma unroll
       for (int w = 0; w < kDecodeWarps; ++w) ocol += red[1][w][lane];
-      if constexpr (kNorm) {
-        const float ob = has_col ? to_f32(to_bf16(ocol)) : 0.f;  // the output as stored unfused
-        o_s[t][lane] = ob;
-        const float ss = warp_sum(ob * ob);
-        if (lane == 0) ss_s[t] = ss;
-      } else if (has_col) {
-        out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(ocol);
-      }
+      out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(ocol);
     }
-  }
-  if constexpr (kNorm) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every tile's ss_s complete (and this block's o_s)
-    const int tiles = static_cast<int>(cluster.num_blocks());
-    for (int t = warp; t < T; t += kDecodeWarps) {
-      float ss = 0.f;
-      for (int r = 0; r < tiles; ++r) ss += *cluster.map_shared_rank(&ss_s[t], r);
-      if (has_col) {
-        const int64_t i = (int64_t(t0 + t) * Hv + h) * dv + col;
-        const float zf = to_f32(norm.z[i]);
-        float y = o_s[t][lane] * rsqrtf(ss / dv + norm.eps) * norm.w[col];
-        y *= norm.sigmoid_gate ? sigmoid_f(zf) : silu_f(zf);
-        norm.out[i] = to_bf16(y);
-      }
-    }
-    cluster.sync();  // no block leaves while another may read its ss_s
   }
   if (has_col) {
 #pragma unroll
@@ -240,26 +208,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
 }  // namespace
 
 bool gdn_decode_supported(int dk) { return dk <= kDecodeMaxK; }
-bool gdn_decode_norm_supported(int dv) { return dv <= 8 * 32; }
 
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
-                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm) {
+                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s) {
   if (n_seqs == 0) return;
-  DS_ASSERT(!norm.out || (short_chunks && gdn_decode_supported(dk) && gdn_decode_norm_supported(dv)),
-            "the GDN output norm is applied by the decode kernel only (dk %d, dv %d)", dk, dv);
   if (short_chunks && gdn_decode_supported(dk)) {
-    const int tiles = (dv + 31) / 32;
-    const dim3 grid(n_seqs, Hv, tiles);
+    const dim3 grid(n_seqs, Hv, (dv + 31) / 32);
     auto go = [&](auto* typed_state) {
-      using StateT = std::remove_pointer_t<decltype(typed_state)>;
-      if (norm.out)
-        launch_kernel_cluster("gdn_decode_norm", gdn_decode_kernel<StateT, true>, grid, kDecodeWarps * 32, 0, s,
-                              dim3(1, 1, tiles), qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk,
-                              dv, norm);
-      else
-        launch_kernel("gdn_decode", gdn_decode_kernel<StateT, false>, grid, kDecodeWarps * 32, 0, s, qkv, gates,
-                      typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
+      launch_kernel("gdn_decode", gdn_decode_kernel<std::remove_pointer_t<decltype(typed_state)>>, grid,
+                    kDecodeWarps * 32, 0, s, qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
     };
     if (state_dtype == 0) go(static_cast<float*>(state));
     else if (state_dtype == 1) go(static_cast<__half*>(state));

@@ -14,37 +14,21 @@
 
 namespace ds::cuda {
 
-// launch_kernel_cluster: the same, with the grid's blocks in clusters of `cluster` blocks.
 template <class... Params, class... Args>
-void launch_kernel_cluster(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                           cudaStream_t s, dim3 cluster, Args&&... args) {
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attrs[2] = {};
-  int n = 0;
-  if (pdl_enabled()) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster.x * cluster.y * cluster.z > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = cluster.x;
-    attrs[n].val.clusterDim.y = cluster.y;
-    attrs[n++].val.clusterDim.z = cluster.z;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
   cuda_check_launch(name, s);
-}
-
-template <class... Params, class... Args>
-void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   Args&&... args) {
-  launch_kernel_cluster(name, kernel, grid, block, smem, s, dim3(1, 1, 1), std::forward<Args>(args)...);
 }
 
 }  // namespace ds::cuda

@@ -196,24 +196,10 @@ struct GdnGates {
   const float* a_log = nullptr;
   const float* dt_bias = nullptr;
 };
-// The gated RMSNorm the register-state kernel may apply to each v-head's output (launch_gated_rms_norm's
-// math, D = dv, of the output rounded to bf16): z bf16 [T, Hv * dv], w f32 [dv]; the result goes to
-// out bf16 [T, Hv * dv] in place of the plain output. The column tiles of a head form a cluster
-// that sums their squares through distributed shared memory.
-struct GdnNorm {
-  const bf16* z = nullptr;
-  const float* w = nullptr;
-  float eps = 0.f;
-  bool sigmoid_gate = false;
-  bf16* out = nullptr;
-};
 bool gdn_decode_supported(int dk);
-bool gdn_decode_norm_supported(int dv);  // dv <= 256 (a cluster of at most 8 tiles)
-// norm.out set: short_chunks, gdn_decode_supported(dk) and gdn_decode_norm_supported(dv) hold, and
-// out is not written.
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
-                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {});
+                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s);
 
 // Gated delta rule prefill in chunks of 64 tokens on tensor cores (gdn_chunked.cu), same
 // contract as launch_gdn_recurrent for head dims up to 128 (gdn_chunked_supported). T: tokens
