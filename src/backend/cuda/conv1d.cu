@@ -69,11 +69,11 @@ constexpr int kMaxShortK = 8;  // kernel widths the one-kernel path holds in reg
 
 // grid (n_seqs, ceil(C / blockDim)): thread (s, c) convolves the sequence's tokens in order with
 // the window [state; tokens] in registers, then stores the last K - 1 rows as the new state.
+// The weights and the conv state load before pdl_wait: no kernel writes weights, and no kernel of
+// the step but this one writes the layer's conv state (the step plan is written before the step).
 __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* state, bf16* out,
                                     const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int C,
                                     int K) {
-  pdl_wait();  // launch.cuh
-  pdl_trigger();
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const ConvSeq q = conv_seq(blockIdx.x, state, cu_seqlens, n_past, slots, C, K);
   if (c >= C || q.T == 0) return;
@@ -83,6 +83,8 @@ __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* sta
     wk[j] = j < K ? w[int64_t(c) * K + j] : 0.f;
     win[j] = j < q.R && !q.fresh ? to_f32(q.state[int64_t(j) * C + c]) : 0.f;
   }
+  pdl_wait();  // launch.cuh: mixed comes from the kernels before
+  pdl_trigger();
   for (int t = q.t0; t < q.t0 + q.T; ++t) {
 #pragma unroll
     for (int j = 0; j < kMaxShortK; ++j)

@@ -15,20 +15,29 @@ namespace {
 
 constexpr int kThreads = 256;
 
+constexpr int kPreloaded = 4;  // weight vectors a thread loads before pdl_wait (all of K <= 8192)
+
 // Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= kSmallGemvMaxTokens), 16-byte
-// vectors (K % 8 == 0), fp32 accumulation.
+// vectors (K % 8 == 0), fp32 accumulation. The row's first vectors load before pdl_wait (no
+// kernel writes weights).
 __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                               OutParts out, int T, int K) {
-  pdl_wait();  // launch.cuh
-  pdl_trigger();
   __shared__ float red[kThreads / 32][kSmallGemvMaxTokens];
   const int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
+  uint4 pre[kPreloaded];
+#pragma unroll
+  for (int i = 0; i < kPreloaded; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    if (c < K / 8) pre[i] = __ldg(wr + c);
+  }
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   float acc[kSmallGemvMaxTokens];
 #pragma unroll
   for (int t = 0; t < kSmallGemvMaxTokens; ++t) acc[t] = 0.f;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
-  for (int c = threadIdx.x; c < K / 8; c += kThreads) {
-    const uint4 wv = __ldg(wr + c);
+  // acc[t] += the dot product of weight vector c (wv) with x[t]'s
+  auto accumulate = [&](int c, const uint4& wv) {
     const bf16* wb = reinterpret_cast<const bf16*>(&wv);
 #pragma unroll
     for (int t = 0; t < kSmallGemvMaxTokens; ++t) {
@@ -41,7 +50,13 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
         acc[t] = a;
       }
     }
+  };
+#pragma unroll
+  for (int i = 0; i < kPreloaded; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    if (c < K / 8) accumulate(c, pre[i]);
   }
+  for (int c = threadIdx.x + kPreloaded * kThreads; c < K / 8; c += kThreads) accumulate(c, __ldg(wr + c));
 #pragma unroll
   for (int t = 0; t < kSmallGemvMaxTokens; ++t) {
     const float v = warp_sum(acc[t]);
