@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(Deep ? 1024 : kWarps * 32, Deep ? 1 : MinBlock
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [W][S]: the stage's copy has landed
-  unsigned char* rings = smem_raw + W * S * sizeof(uint64_t);
+  unsigned char* rings = smem_raw + (W * S * sizeof(uint64_t) + 15) / 16 * 16;  // copies land 16-byte aligned
   const int stage_bytes = SU * w.unit_bytes;
   __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + W * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -293,9 +293,11 @@ inline bool tma_x_smem_fits(int nt, int T, int K, int splits, int unit_bytes) {
   return nt == 1 && tma_x_smem_bytes(T, K, splits, unit_bytes) <= kTmaSmemPerBlock3;
 }
 
-// The deep form's shared memory for W warps: mbarriers u64 [W][kDeepStages], then the rings.
+// The deep form's shared memory for W warps: mbarriers u64 [W][kDeepStages] (padded to 16 bytes),
+// then the rings.
 inline size_t tma_deep_ring_bytes(int warps, int unit_bytes) {
-  return size_t(warps) * kDeepStages * (sizeof(uint64_t) + size_t(stage_units(1)) * unit_bytes);
+  return (size_t(warps) * kDeepStages * sizeof(uint64_t) + 15) / 16 * 16 +
+         size_t(warps) * kDeepStages * stage_units(1) * unit_bytes;
 }
 
 // The deep form of a one-tile launch (kDeepStages), where it fits: K not split, one block an SM of
