@@ -38,10 +38,8 @@ struct GemvSettingsRestored {
   int tokens = cuda::w4a16_gemv_tokens();
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
-  bool deep = cuda::w4a16_gemv_deep();
   ~GemvSettingsRestored() {
     cuda::set_w4a16_gemv_x_smem(x_smem);
-    cuda::set_w4a16_gemv_deep(deep);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
     cuda::set_w4a16_gemv_tma(tma);
@@ -138,12 +136,9 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   struct Shape {
     int N, K, group;
   };
-  // K 128, 384 and 640 end on a short unit (2 chunks); group 512 stores its scales once a unit;
-  // N 26,624 K 640 has too many rows for a K split, so without its inputs in shared memory it
-  // takes the deep form (13 warps a block on 132 SMs) from one to eight tokens.
+  // K 128, 384 and 640 end on a short unit (2 chunks); group 512 stores its scales once a unit.
   for (Shape sh : std::vector<Shape>{{96, 128, 128}, {200, 384, 128}, {1000, 5120, 128}, {328, 17408, 128},
-                                     {24, 640, 128}, {72, 512, 64}, {40, 1024, 256}, {56, 1536, 512}, {40, 256, 32},
-                                     {26624, 640, 128}}) {
+                                     {24, 640, 128}, {72, 512, 64}, {40, 1024, 256}, {56, 1536, 512}, {40, 256, 32}}) {
     W4Case c = make_w4(*gpu, rng, sh.N, sh.K, sh.group);
     if (sh.group == 32) EXPECT_FALSE(c.gpu_w.quantized()) << "group 32 is stored dequantised";
     else EXPECT_EQ(c.gpu_w.format, WeightFormat::kW4A16Tiled);
@@ -158,21 +153,16 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      // The TMA kernel with inputs in shared memory where they fit, or through L1 (with and
-      // without the deep form); the register kernel.
-      for (int kernel : {0, 1, 2, 3}) {
-        cuda::set_w4a16_gemv_tma(kernel != 2);
+      // The TMA kernel with inputs in shared memory where they fit, or through L1; the register kernel.
+      for (int kernel : {0, 1, 2}) {
+        cuda::set_w4a16_gemv_tma(kernel < 2);
         cuda::set_w4a16_gemv_x_smem(kernel == 0);
-        cuda::set_w4a16_gemv_deep(kernel != 3);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                  std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
                                  " per launch " + std::to_string(run.per_launch) +
-                                 (kernel == 0   ? " tma"
-                                  : kernel == 1 ? " tma without x in smem"
-                                  : kernel == 2 ? " regs"
-                                                : " tma without x in smem or the deep form");
+                                 (kernel == 0 ? " tma" : kernel == 1 ? " tma without x in smem" : " regs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
           gpu->linear_quantized(xg, c.gpu_w, og);
@@ -403,15 +393,14 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
       {"mlp gate/up", 17408, 5120, 128, 1},     {"mlp gate_up", 34816, 5120, 64, 2},
       {"mlp down", 5120, 17408, 64, 3}};
   struct Config {
-    bool pdl, tma, x_smem, deep;
+    bool pdl, tma, x_smem;
     const char* name;
   };
-  const std::vector<Config> loops = {{false, false, true, true, "regs plain"},
-                                     {true, false, true, true, "regs pdl"},
-                                     {false, true, true, true, "tma plain"},
-                                     {true, true, true, true, "tma pdl"},
-                                     {true, true, true, false, "tma pdl, no deep form"},
-                                     {true, true, false, true, "tma pdl, x not in smem"}};
+  const std::vector<Config> loops = {{false, false, true, "regs plain"},
+                                     {true, false, true, "regs pdl"},
+                                     {false, true, true, "tma plain"},
+                                     {true, true, true, "tma pdl"},
+                                     {true, true, false, "tma pdl, x not in smem"}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -436,11 +425,10 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
         cuda::set_pdl_enabled(loops[li].pdl);
         cuda::set_w4a16_gemv_tma(loops[li].tma);
         cuda::set_w4a16_gemv_x_smem(loops[li].x_smem);
-        cuda::set_w4a16_gemv_deep(loops[li].deep);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           // Longer steps: one shape, PDL on.
           if (T > 16 && ((li != 1 && li != 3) || std::string(l.name) != "mlp gate/up")) continue;
-          if ((!loops[li].x_smem || !loops[li].deep) && T > 8) continue;  // settings for one token tile
+          if (!loops[li].x_smem && T > 8) continue;  // a setting for one token tile
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

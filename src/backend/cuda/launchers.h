@@ -111,11 +111,6 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
-// Whether a one-tile TMA launch whose inputs go through L1 and whose K is not split (gate_up) may
-// take the deep form: one block an SM, 3 stages a warp (qgemv_tma.cuh). env DS_W4A16_DEEP = 1
-// (default) | 0; tests may switch it.
-bool w4a16_gemv_deep();
-void set_w4a16_gemv_deep(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();

@@ -130,38 +130,29 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
   return r;
 }
 
-// The deep form (Deep > 0): a launch whose K is not split and whose inputs stay in L1 (gate_up at a
-// few tokens) has fewer 16-row blocks than 3 blocks an SM would stream (2,176 at 24 warps an SM x
-// 132 SMs), so most SMs held two blocks, 16 warps with 2 stages each, which bulk rings stream at
-// 82-85% of the copy rate (stream_probe.cu). Instead one block an SM takes ceil(blocks / SMs)
-// warps, each with a ring of Deep stages (6 one-unit stages at 16 warps stream at 99-100%).
-constexpr int kDeepStages = 3;
-
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
 // x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int Deep = 0>
-__global__ void __launch_bounds__(Deep ? 1024 : kWarps * 32, Deep ? 1 : MinBlocks)
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone>
+__global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
                      int x_stride) {
   static_assert(G == GemvGate::kNone || XSmem, "inputs are gated while they are staged");
-  static_assert(!Deep || (!XSmem && !XAhead), "the deep form reads its inputs through L1");
-  constexpr int SU = stage_units(NT), S = Deep ? Deep : stages_for(NT);
-  const int W = Deep ? static_cast<int>(blockDim.x) / 32 : kWarps;  // warps, a 16-row block each
+  constexpr int SU = stage_units(NT), S = stages_for(NT);
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [W][S]: the stage's copy has landed
-  unsigned char* rings = smem_raw + (W * S * sizeof(uint64_t) + 15) / 16 * 16;  // copies land 16-byte aligned
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [kWarps][S]: the stage's copy has landed
+  unsigned char* rings = smem_raw + kWarps * S * sizeof(uint64_t);
   const int stage_bytes = SU * w.unit_bytes;
-  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + W * S * stage_bytes);
+  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + kWarps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
   const int n_stages = (c_end - c_begin + SC - 1) / SC;
-  const int row_warps = min(W, (N - static_cast<int>(blockIdx.x) * W * 16 + 15) / 16);  // with rows
+  const int row_warps = min(kWarps, (N - static_cast<int>(blockIdx.x) * kTileRows + 15) / 16);  // with rows
 
   // Stage i of row warp wp (units c_begin / kUnitChunks + SU i .. of its 16-row block; the last
   // may end on a short unit) into slot i % S.
@@ -169,7 +160,7 @@ __global__ void __launch_bounds__(Deep ? 1024 : kWarps * 32, Deep ? 1 : MinBlock
     const int n = min(SC, c_end - c_begin - i * SC), slot = wp * S + i % S, rem = n % kUnitChunks;
     const uint32_t bytes = n / kUnitChunks * w.unit_bytes + (rem ? w.slots * kSlotBytes + rem * kChunkBytes : 0);
     mbar_arrive_expect_tx(&full[slot], bytes);
-    bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * W + wp, c_begin / kUnitChunks + i * SU), bytes,
+    bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * kWarps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
   };
   if (lane == 0 && warp < row_warps) {
@@ -251,15 +242,15 @@ __global__ void __launch_bounds__(Deep ? 1024 : kWarps * 32, Deep ? 1 : MinBlock
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
   }
-  store_results<NT>(acc, out, partial, counters, T, N, blockIdx.x * W + warp, lane);  // Deep: never split
+  store_results<NT>(acc, out, partial, counters, T, N, blockIdx.x * kWarps + warp, lane);
 }
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int Deep = 0>
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone>
 int tma_kernel_ready() {
   static const int sms = [] {
-    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, Deep>;
+    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G>;
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -293,39 +284,11 @@ inline bool tma_x_smem_fits(int nt, int T, int K, int splits, int unit_bytes) {
   return nt == 1 && tma_x_smem_bytes(T, K, splits, unit_bytes) <= kTmaSmemPerBlock3;
 }
 
-// The deep form's shared memory for W warps: mbarriers u64 [W][kDeepStages] (padded to 16 bytes),
-// then the rings.
-inline size_t tma_deep_ring_bytes(int warps, int unit_bytes) {
-  return (size_t(warps) * kDeepStages * sizeof(uint64_t) + 15) / 16 * 16 +
-         size_t(warps) * kDeepStages * stage_units(1) * unit_bytes;
-}
-
-// The deep form of a one-tile launch (kDeepStages), where it fits: K not split, one block an SM of
-// ceil(16-row blocks / SMs) warps (at most 32) whose rings fit in an SM's shared memory.
-template <int MinBlocks>
-bool launch_tma_deep(const W4Tiled& w, const __nv_bfloat16* x, const OutParts& out, int T, int N, int K,
-                     cudaStream_t s) {
-  auto* kernel = qgemv_tma_kernel<1, MinBlocks, false, false, GemvGate::kNone, kDeepStages>;
-  const int sms = tma_kernel_ready<1, MinBlocks, false, false, GemvGate::kNone, kDeepStages>();
-  static const int max_smem = [kernel] {
-    cudaFuncAttributes attr{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    return attr.maxDynamicSharedSizeBytes;
-  }();
-  const int blocks16 = (N + 15) / 16, warps = (blocks16 + sms - 1) / sms;
-  const size_t smem = tma_deep_ring_bytes(warps, w.unit_bytes);
-  if (warps > 32 || smem > size_t(max_smem)) return false;
-  launch_kernel("qgemv_tma_deep", kernel, dim3((blocks16 + warps - 1) / warps, 1), dim3(warps * 32), smem, s, w, x,
-                nullptr, out, nullptr, nullptr, T, N, K, 0);
-  return true;
-}
-
-// XSmem where tma_x_smem_fits (and x_smem_allowed); a gate (xb, gate) only with XSmem. Otherwise,
-// with K not split, the deep form where `deep` and it fits.
+// XSmem where tma_x_smem_fits (and x_smem_allowed); a gate (xb, gate) only with XSmem.
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
-                bool x_smem_allowed, bool deep, cudaStream_t s) {
+                bool x_smem_allowed, cudaStream_t s) {
   const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
   if constexpr (NT == 1) {
     if (x_smem_allowed && tma_x_smem_fits(NT, T, K, splits, w.unit_bytes)) {
@@ -344,8 +307,6 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
     }
   }
   DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
-  if constexpr (NT == 1 && !XAhead)
-    if (deep && splits == 1 && launch_tma_deep<MinBlocks>(w, x, out, T, N, K, s)) return;
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
   launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, block,
                 tma_ring_bytes(NT, w.unit_bytes), s, w, x, xb, out, partial, counters, T, N, K, 0);

@@ -161,7 +161,6 @@ namespace {
 int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
-bool g_deep = env_flag("DS_W4A16_DEEP", true);
 
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
@@ -213,8 +212,6 @@ bool w4a16_gemv_tma() {
 }
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
-bool w4a16_gemv_deep() { return g_deep; }
-void set_w4a16_gemv_deep(bool on) { g_deep = on; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
@@ -247,7 +244,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
     using Kn = decltype(k);
     if (w4a16_gemv_tma())
       qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, xb, gate, parts, partial, counters, splits, T,
-                                                                 N, K, g_x_smem, g_deep, s);
+                                                                 N, K, g_x_smem, s);
     else
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
   });
