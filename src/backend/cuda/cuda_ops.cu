@@ -668,13 +668,7 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   // with each KV head's query heads packed into its rows, or with DS_ATTN_DECODE=simt the
   // split-KV CUDA-core kernel.
   constexpr int kDecodeChunk = 16;
-  constexpr int kPrefillSplitKeys = 512;  // least keys per split
-  // Least keys per split of the decode-sized chunks: env DS_ATTN_SPLIT_KEYS (default 128; 64, a
-  // key tile, the least), for A/B.
-  static const int decode_split_keys = [] {
-    const char* env = std::getenv("DS_ATTN_SPLIT_KEYS");
-    return std::max(64, env ? std::atoi(env) : 128);
-  }();
+  constexpr int kPrefillSplitKeys = 512, kDecodeSplitKeys = 128;  // least keys per split
   const bool tc = cuda::attention_prefill_supported(hd);
   const bool prefill = max_chunk_ > kDecodeChunk && tc;
   const int split_max_chunk = prefill ? kDecodeChunk : max_chunk_;
@@ -703,7 +697,7 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   if (tc && cuda::attention_decode_tc()) {
     // Partials are indexed by token from 0: t_end rows.
     const int pack = nH / nKV;
-    const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, decode_split_keys,
+    const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, kDecodeSplitKeys,
                                                         budget);
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(t_end) * nH * n_splits, hd + 2})) : nullptr;
     cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
