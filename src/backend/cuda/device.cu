@@ -6,10 +6,12 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/launchers.h"
 #include "core/check.h"
+#include "core/log.h"
 
 namespace ds {
 int cuda_device_count() {
@@ -29,6 +31,29 @@ bool env_flag(const char* name, bool dflt) {
   const char* env = std::getenv(name);
   if (!env) return dflt;
   return dflt ? std::string(env) != "0" : std::string(env) == "1";
+}
+
+bool kernel_skipped(const char* name) {
+  static const std::vector<std::string> skipped = [] {
+    std::vector<std::string> v;
+    const char* env = std::getenv("DS_SKIP_KERNELS");
+    if (!env) return v;
+    std::string item;
+    for (const char* p = env;; ++p) {
+      if (*p == ',' || *p == '\0') {
+        if (!item.empty()) v.push_back(item);
+        item.clear();
+        if (*p == '\0') break;
+      } else {
+        item += *p;
+      }
+    }
+    if (!v.empty()) DS_LOG_WARN("cuda", "DS_SKIP_KERNELS=%s: these kernels are not launched, every result is wrong", env);
+    return v;
+  }();
+  for (const std::string& s : skipped)
+    if (s == name) return true;
+  return false;
 }
 
 bool env_choice(const char* name, const char* off, const char* on, bool dflt) {

@@ -96,6 +96,11 @@ bool env_choice(const char* name, const char* off, const char* on, bool dflt);
 // switch it.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
+// Diagnostics: kernels whose launch name (launch_kernel's first argument) is listed in env
+// DS_SKIP_KERNELS (comma-separated) are not launched, so a benchmark of steps without them tells
+// what they cost in place, with the kernels around them overlapping as they do; every result is
+// then wrong. Warned about once when set.
+bool kernel_skipped(const char* name);
 // Tokens per W4A16 GEMV launch (longer steps up to 128 tokens run it in slices; 0: always
 // dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 32).
 // (64 measured slower at C64 in the fourth session, but together with the gated input, which
