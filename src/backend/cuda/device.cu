@@ -48,7 +48,7 @@ bool kernel_skipped(const char* name) {
         item += *p;
       }
     }
-    if (!v.empty()) DS_LOG_WARN("cuda", "DS_SKIP_KERNELS=%s: these kernels are not launched, every result is wrong", env);
+    if (!v.empty()) DS_LOG_WARN("cuda", "DS_SKIP_KERNELS=%s: these kernels are not launched; results are wrong", env);
     return v;
   }();
   for (const std::string& s : skipped)

@@ -121,7 +121,9 @@ template <NormKind kKind>
 void launch_norm(const bf16* x, const bf16* aux, bf16* sum, const float* w, bf16* out, int R, int D, float eps,
                  bool sigmoid_gate, cudaStream_t s) {
   const int nv = D / 8;
-  const char* name = kKind == NormKind::kAdd ? "add_rms_norm" : kKind == NormKind::kGated ? "gated_rms_norm" : "rms_norm";
+  const char* name = kKind == NormKind::kAdd     ? "add_rms_norm"
+                     : kKind == NormKind::kGated ? "gated_rms_norm"
+                                                 : "rms_norm";
   if (nv <= 32 * kMaxVec) {
     launch_kernel(name, rms_norm_vec_kernel<true, kKind>, (R + 3) / 4, 128, 0, s, x, aux, sum, w, out, R, D, eps,
                   sigmoid_gate);
