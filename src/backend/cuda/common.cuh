@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace ds::cuda {
 
@@ -46,17 +47,29 @@ __device__ __forceinline__ void gdn_gate(float a, float b, float a_log, float dt
   beta = sigmoid_f(b);
 }
 
-// One element of a GDN recurrent state pool stored as fp32 (dtype 0), fp16 (1) or bf16 (2).
+// One element of a GDN recurrent state pool stored as float, __half or __nv_bfloat16, to fp32 and
+// back (rounded to nearest): the element type known at compile time.
+__device__ __forceinline__ float state_to_f32(float v) { return v; }
+__device__ __forceinline__ float state_to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float state_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <class S>
+__device__ __forceinline__ S state_from_f32(float v) {
+  if constexpr (std::is_same_v<S, float>) return v;
+  else if constexpr (std::is_same_v<S, __half>) return __float2half_rn(v);
+  else return __float2bfloat16_rn(v);
+}
+
+// The same, the element type chosen at run time: fp32 (dtype 0), fp16 (1) or bf16 (2).
 __device__ __forceinline__ float load_state(const void* p, int64_t i, int dtype) {
-  if (dtype == 0) return static_cast<const float*>(p)[i];
-  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
-  return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  if (dtype == 0) return state_to_f32(static_cast<const float*>(p)[i]);
+  if (dtype == 1) return state_to_f32(static_cast<const __half*>(p)[i]);
+  return state_to_f32(static_cast<const __nv_bfloat16*>(p)[i]);
 }
 
 __device__ __forceinline__ void store_state(void* p, int64_t i, float v, int dtype) {
-  if (dtype == 0) static_cast<float*>(p)[i] = v;
-  else if (dtype == 1) static_cast<__half*>(p)[i] = __float2half_rn(v);
-  else static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
+  if (dtype == 0) static_cast<float*>(p)[i] = state_from_f32<float>(v);
+  else if (dtype == 1) static_cast<__half*>(p)[i] = state_from_f32<__half>(v);
+  else static_cast<__nv_bfloat16*>(p)[i] = state_from_f32<__nv_bfloat16>(v);
 }
 
 }  // namespace ds::cuda

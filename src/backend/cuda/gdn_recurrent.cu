@@ -93,17 +93,8 @@ constexpr int kDecodeWarps = 8;
 constexpr int kDecodeRows = 16;  // rows per warp
 constexpr int kDecodeMaxK = kDecodeWarps * kDecodeRows;
 
-__device__ __forceinline__ float state_to_f32(float v) { return v; }
-__device__ __forceinline__ float state_to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float state_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <class S>
-__device__ __forceinline__ S state_from_f32(float v) {
-  if constexpr (std::is_same_v<S, float>) return v;
-  else if constexpr (std::is_same_v<S, __half>) return __float2half_rn(v);
-  else return __float2bfloat16_rn(v);
-}
-
-// StateT: float, __half or __nv_bfloat16 (state_dtype 0, 1, 2), rounded as store_state rounds.
+// StateT: float, __half or __nv_bfloat16 (state_dtype 0, 1, 2); elements through state_to_f32 and
+// state_from_f32 (common.cuh), as load_state and store_state convert them.
 template <class StateT>
 __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
