@@ -122,7 +122,8 @@ int w4a16_gemv_step_tokens();
 
 // A read-only streaming probe (stream_probe.cu): GB/s read from a buffer of `megabytes` by
 // sms * blocks_per_sm blocks of `threads`, either through per-warp rings of `stages` bulk copies
-// of `bytes` (a multiple of 16), or with `unroll` (4 or 8) 16-byte loads in flight per thread.
+// of `bytes` (a multiple of 16), or with `unroll` (4 or 8) 16-byte loads in flight per thread;
+// the median of `reps` timed passes over the buffer (median_ms, event_timing.cuh).
 struct StreamProbe {
   enum Method { kBulk, kLoads } method = kBulk;
   int bytes = 2048, stages = 4, unroll = 8;

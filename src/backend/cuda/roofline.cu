@@ -2,38 +2,11 @@
 // CUDA events after warm-up, on random (not zero) data.
 #include "backend/cuda/roofline.h"
 
-#include <algorithm>
-#include <vector>
-
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/event_timing.cuh"
 #include "backend/cuda/launchers.h"
 
 namespace ds {
-
-namespace {
-template <class F>
-float median_ms(F&& run, int reps) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  run();  // warm-up
-  run();
-  std::vector<float> ms;
-  for (int i = 0; i < reps; ++i) {
-    CUDA_CHECK(cudaEventRecord(a));
-    run();
-    CUDA_CHECK(cudaEventRecord(b));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float t;
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-}  // namespace
 
 Roofline measure_roofline(int device) {
   CUDA_CHECK(cudaSetDevice(device));
@@ -43,7 +16,8 @@ Roofline measure_roofline(int device) {
   CUDA_CHECK(cudaMalloc(&src, bytes));
   CUDA_CHECK(cudaMalloc(&dst, bytes));
   cuda::launch_fill_random_bf16(static_cast<cuda::bf16*>(src), bytes / 2, 0.f, 1.f, 1, nullptr);
-  const float copy_ms = median_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  const float copy_ms =
+      cuda::median_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); }, 10);
   r.copy_gbps = 2.0 * bytes / (copy_ms * 1e-3) / 1e9;
   CUDA_CHECK(cudaFree(src));
   CUDA_CHECK(cudaFree(dst));
@@ -58,7 +32,7 @@ Roofline measure_roofline(int device) {
   cublasHandle_t h;
   CUBLAS_CHECK(cublasCreate(&h));
   const float alpha = 1.f, beta = 0.f;
-  const float gemm_ms = median_ms(
+  const float gemm_ms = cuda::median_ms(
       [&] {
         CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, A, CUDA_R_16BF, n, B, CUDA_R_16BF, n,
                                   &beta, C, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

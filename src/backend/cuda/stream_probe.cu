@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/event_timing.cuh"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/ptx.cuh"
 
@@ -96,23 +97,10 @@ double stream_probe_gbps(const StreamProbe& p) {
       else probe_loads_kernel<4><<<blocks, p.threads>>>(reinterpret_cast<const uint4*>(buf), n16, sink);
     };
   }
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  run();
-  CUDA_CHECK(cudaGetLastError());
-  CUDA_CHECK(cudaEventRecord(a));
-  for (int i = 0; i < p.reps; ++i) run();
-  CUDA_CHECK(cudaEventRecord(b));
-  CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  CUDA_CHECK(cudaGetLastError());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
+  const float ms = median_ms(run, p.reps);
   CUDA_CHECK(cudaFree(buf));
   CUDA_CHECK(cudaFree(sink));
-  return double(bytes_read) * p.reps / (ms * 1e-3) / 1e9;
+  return double(bytes_read) / (ms * 1e-3) / 1e9;
 }
 
 }  // namespace ds::cuda
