@@ -2,11 +2,12 @@
 // same work split, fragments and results as the register GEMV (qgemv_kernel.cuh), fed from a ring
 // of shared-memory stages instead of registers.
 //
-// Each warp streams its own 16-row block: in the tiled layout (w4a16.cu) a block's units are
-// contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token tile, else 1) is
-// one bulk copy completing on the stage's mbarrier. Lane 0 keeps the warp's ring of stages in
-// flight, the first requested before pdl_wait (no kernel writes weights) while the previous
-// kernel still runs, and refills a slot as soon as the warp has read it. (A ninth warp issuing
+// Each warp streams its own 16-row block (a thread block holds 8 of them, or one when K is not
+// split and the inputs are read through L1: tma_narrow_warps): in the tiled layout (w4a16.cu) a
+// block's units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token
+// tile, else 1) is one bulk copy completing on the stage's mbarrier. Lane 0 keeps the warp's ring
+// of stages in flight, the first requested before pdl_wait (no kernel writes weights) while the
+// previous kernel still runs, and refills a slot as soon as the warp has read it. (A ninth warp issuing
 // every copy, so row warps never wait for the copy unit to take one, was slower at one token
 // tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
@@ -17,6 +18,7 @@
 // them through L1, at 4 or more tiles a stage's before its wait.
 #pragma once
 
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/qgemv_kernel.cuh"
@@ -34,10 +36,23 @@ constexpr int kMaxUnitBytes = kUnitChunks * (kSlotBytes + kChunkBytes);
 // system and a few bytes of static shared memory).
 constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
-// A block's shared memory for NT token tiles: mbarriers u64 [kWarps][S], the rings
-// u8 [kWarps][S][SU units] (16-byte aligned after the barriers), then the inputs with XSmem.
-inline size_t tma_ring_bytes(int nt, int unit_bytes) {
-  return size_t(kWarps) * stages_for(nt) * (sizeof(uint64_t) + size_t(stage_units(nt)) * unit_bytes);
+// A block's shared memory for NT token tiles: mbarriers u64 [warps][S], the rings
+// u8 [warps][S][SU units] (16-byte aligned after the barriers), then the inputs with XSmem.
+inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
+  return size_t(warps) * stages_for(nt) * (sizeof(uint64_t) + size_t(stage_units(nt)) * unit_bytes);
+}
+// Warps a block when K is not split (one row block a warp, the rows in order): 1, so the warps
+// spread evenly over the SMs (gate_up's 2,176 row blocks in 272 blocks of 8 warps left 8 SMs a
+// third block, on which the launch's last 3 us waited: docs/perf/2026-12-01-s8-cuda-27b.md).
+// env DS_W4A16_NARROW_WARPS = 1, 2, 4 or 8 (8: the blocks of split launches).
+inline int tma_narrow_warps() {
+  static const int n = [] {
+    const char* env = std::getenv("DS_W4A16_NARROW_WARPS");
+    const int v = env ? std::atoi(env) : 1;
+    DS_ASSERT(v == 1 || v == 2 || v == 4 || v == 8, "DS_W4A16_NARROW_WARPS must be 1, 2, 4 or 8, not '%s'", env);
+    return v;
+  }();
+  return n;
 }
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
@@ -144,15 +159,16 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [kWarps][S]: the stage's copy has landed
-  unsigned char* rings = smem_raw + kWarps * S * sizeof(uint64_t);
+  const int warps = blockDim.x / 32;  // kWarps, or fewer without split-K (tma_narrow_warps)
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [warps][S]: the stage's copy has landed
+  unsigned char* rings = smem_raw + warps * S * sizeof(uint64_t);
   const int stage_bytes = SU * w.unit_bytes;
-  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + kWarps * S * stage_bytes);
+  __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + warps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
   const int n_stages = (c_end - c_begin + SC - 1) / SC;
-  const int row_warps = min(kWarps, (N - static_cast<int>(blockIdx.x) * kTileRows + 15) / 16);  // with rows
+  const int row_warps = min(warps, (N - static_cast<int>(blockIdx.x) * warps * 16 + 15) / 16);  // with rows
 
   // Stage i of row warp wp (units c_begin / kUnitChunks + SU i .. of its 16-row block; the last
   // may end on a short unit) into slot i % S.
@@ -160,7 +176,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     const int n = min(SC, c_end - c_begin - i * SC), slot = wp * S + i % S, rem = n % kUnitChunks;
     const uint32_t bytes = n / kUnitChunks * w.unit_bytes + (rem ? w.slots * kSlotBytes + rem * kChunkBytes : 0);
     mbar_arrive_expect_tx(&full[slot], bytes);
-    bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * kWarps + wp, c_begin / kUnitChunks + i * SU), bytes,
+    bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * warps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
   };
   if (lane == 0 && warp < row_warps) {
@@ -242,7 +258,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
   }
-  store_results<NT>(acc, out, partial, counters, T, N, blockIdx.x * kWarps + warp, lane);
+  store_results<NT>(acc, out, partial, counters, T, N, blockIdx.x * warps + warp, lane);
 }
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
@@ -308,8 +324,11 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   }
   DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>, grid, block,
-                tma_ring_bytes(NT, w.unit_bytes), s, w, x, xb, out, partial, counters, T, N, K, 0);
+  // Split-K sums per tile of kWarps row blocks (store_results); unsplit launches take narrow blocks.
+  const int warps = splits == 1 ? tma_narrow_warps() : kWarps;
+  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>,
+                dim3((N + 16 * warps - 1) / (16 * warps), splits), dim3(32 * warps),
+                tma_ring_bytes(NT, w.unit_bytes, warps), s, w, x, xb, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv
