@@ -7,9 +7,9 @@
 // block's units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token
 // tile, else 1) is one bulk copy completing on the stage's mbarrier. Lane 0 keeps the warp's ring
 // of stages in flight, the first requested before pdl_wait (no kernel writes weights) while the
-// previous kernel still runs, and refills a slot as soon as the warp has read it. (A ninth warp issuing
-// every copy, so row warps never wait for the copy unit to take one, was slower at one token
-// tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
+// previous kernel still runs, and refills a slot as soon as the warp has read it. (A ninth warp
+// issuing every copy, so row warps never wait for the copy unit to take one, was slower at one
+// token tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block
 // first copies its inputs for its chunk range into shared memory, which every warp reads, and may
