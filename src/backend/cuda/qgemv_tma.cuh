@@ -305,9 +305,9 @@ template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
                 bool x_smem_allowed, cudaStream_t s) {
-  const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
   if constexpr (NT == 1) {
     if (x_smem_allowed && tma_x_smem_fits(NT, T, K, splits, w.unit_bytes)) {
+      const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
       const size_t smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes);
       const int stride = tma_x_stride(K, splits);
       auto go = [&](auto g) {
