@@ -47,7 +47,7 @@ void Qwen35Model::linear(Tensor x, const FusedLinear& w, std::initializer_list<T
             "%zu outputs for a fused linear of %zu parts, %zu of them in groups", outs.size(), w.rows.size(), n_grouped);
   const Tensor* part = outs.begin();
   for (const FusedLinear::Group& g : w.groups) {
-    ops_.linear_parts(x, g.w, std::span<const Tensor>(part, g.n_parts));
+    ops_.linear_parts(x, g.w, std::span<const Tensor>(part, g.n_parts), part != outs.begin());
     part += g.n_parts;
   }
 }

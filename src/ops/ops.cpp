@@ -19,7 +19,7 @@ void Ops::check_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> o
             outs.size(), (long long)sum, (long long)N);
 }
 
-void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
+void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool /*after_same_input*/) {
   check_parts(x, w, outs);
   if (outs.size() == 1) {  // the whole weight, in whatever form this backend stores it
     linear_weight(x, w, outs[0]);

@@ -127,7 +127,11 @@ class Ops {
   // FusedLinear). Dense or quantized like linear/linear_quantized. The default runs one linear per
   // part on row views of a dense or raw W4A16 (packed [N, K/8], scales [N, K/group]) weight; a
   // backend whose quantized form cannot be cut into rows (CUDA tiles) overrides it.
-  virtual void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs);
+  // after_same_input: the op just before this one read the same x (an earlier group of one fused
+  // linear), so x was complete before that op began and a backend may start this one before that
+  // op ends. Results are the same either way.
+  virtual void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
+                            bool after_same_input = false);
   // out act [T, N] = act(a, b) . W^T, act(a, b) = silu(a) * b (kSiluMul: the MLP's down_proj) or
   // a * sigmoid(b) (kMulSigmoid: the attention's o_proj); a, b act [T, K]. The default runs
   // silu_mul or sigmoid_mul, then linear_weight; a may be overwritten. (CUDA gates the input while

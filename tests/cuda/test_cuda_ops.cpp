@@ -141,7 +141,8 @@ TEST_F(CudaOpsTest, LinearEmbeddingGather) {
 }
 
 // A fused dense weight (Ops::linear_parts): the small-GEMV launch with parts (T <= 16, widths
-// not multiples of 8) and the default row views beyond it.
+// not multiples of 8) and the default row views beyond it; the same after a linear of the same
+// input, where the small GEMV waits for it only at its end.
 TEST_F(CudaOpsTest, DenseLinearParts) {
   const int K = 96;
   const std::vector<int> widths = {5, 48, 43};
@@ -163,6 +164,19 @@ TEST_F(CudaOpsTest, DenseLinearParts) {
     gpu->linear_parts(x.second, wg, pg);
     for (size_t i = 0; i < parts.size(); ++i)
       expect_close(parts[i], 1e-2, "linear_parts_T" + std::to_string(T) + "_part" + std::to_string(i));
+    // After a linear of the same input (a fused linear's second group): the same values, the
+    // small GEMV waiting for that linear only at its end.
+    auto download = [&](Tensor t) {
+      std::vector<float> h(t.numel());
+      gpu->download_f32(t, h.data());
+      return h;
+    };
+    std::vector<std::vector<float>> first;
+    for (const Tensor& t : pg) first.push_back(download(t));
+    Tensor other = gpu->scratch(DType::kBF16, {T, N});
+    gpu->linear(x.second, wg.dense, other);
+    gpu->linear_parts(x.second, wg, pg, /*after_same_input=*/true);
+    for (size_t i = 0; i < pg.size(); ++i) EXPECT_EQ(download(pg[i]), first[i]) << "T " << T << " part " << i;
   }
 }
 

@@ -400,7 +400,7 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
                cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)), nullptr, cuda::GemvGate::kNone);
 }
 
-void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
+void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool after_same_input) {
   // Tiled W4A16 cannot be cut into row views: one GEMV writes every part. Small dense weights
   // (GDN b + a at decode) take one small-GEMV launch; other dense ones, and single parts, the
   // default (row views).
@@ -425,7 +425,8 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
     linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
   } else {
     expect_bf16(w.dense, "linear_parts weight");
-    cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(w.dense.dim(0)), K, impl_->stream);
+    cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(w.dense.dim(0)), K, impl_->stream,
+                            after_same_input);
   }
 }
 

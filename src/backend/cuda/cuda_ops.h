@@ -64,7 +64,10 @@ class CudaOps final : public Ops {
   void linear(Tensor x, Tensor w, Tensor out) override;
   bool supports_w4a16() const override { return true; }
   void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) override;
-  void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) override;
+  // A small dense group after the W4A16 group of the same input (after_same_input) runs beside
+  // that GEMV's tail: its kernel waits for the GEMV only before it ends (launch_small_gemv).
+  void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
+                    bool after_same_input = false) override;
   void add(Tensor x, Tensor y) override;
   void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;

@@ -173,8 +173,12 @@ void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t
 // T <= kSmallGemvMaxTokens tokens (x and w 16-byte aligned, K % 8 == 0): one block per row.
 constexpr int kSmallGemvMaxTokens = 16;
 constexpr int kSmallGemvMaxRows = 256;
+// independent: x was complete before the previous kernel began (it read x too), so the blocks
+// compute at once and wait for that kernel only before they end (programmatic dependent launch:
+// the kernels after still see everything before complete).
 bool small_gemv_supported(const void* x, const void* w, int T, int N, int K);
-void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s);
+void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
+                       bool independent = false);
 
 // Varlen causal depthwise conv + SiLU from the conv state, then the state update.
 // mixed bf16 [T, C]; w f32 [C, K]; state bf16 [n_slots, K-1, C]; out bf16 [T, C].

@@ -19,7 +19,9 @@ constexpr int kPreloaded = 4;  // weight vectors a thread loads before pdl_wait 
 
 // Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= kSmallGemvMaxTokens), 16-byte
 // vectors (K % 8 == 0), fp32 accumulation. The row's first vectors load before pdl_wait (no
-// kernel writes weights).
+// kernel writes weights). Independent (launch_small_gemv): no wait before the work, one at the
+// end, and x read from L2.
+template <bool Independent>
 __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                               OutParts out, int T, int K) {
   __shared__ float red[kThreads / 32][kSmallGemvMaxTokens];
@@ -31,8 +33,10 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
     const int c = threadIdx.x + i * kThreads;
     if (c < K / 8) pre[i] = __ldg(wr + c);
   }
-  pdl_wait();  // launch.cuh
-  pdl_trigger();
+  if constexpr (!Independent) {
+    pdl_wait();  // launch.cuh
+    pdl_trigger();
+  }
   float acc[kSmallGemvMaxTokens];
 #pragma unroll
   for (int t = 0; t < kSmallGemvMaxTokens; ++t) acc[t] = 0.f;
@@ -42,7 +46,8 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
 #pragma unroll
     for (int t = 0; t < kSmallGemvMaxTokens; ++t) {
       if (t < T) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + c);
+        const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(t) * K) + c;
+        const uint4 xv = Independent ? __ldcg(xp) : __ldg(xp);
         const bf16* xb = reinterpret_cast<const bf16*>(&xv);
         float a = acc[t];
 #pragma unroll
@@ -69,6 +74,8 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
     for (int i = 0; i < kThreads / 32; ++i) v += red[i][threadIdx.x];
     out.store(threadIdx.x, n, v);
   }
+  // The grid must not end before the previous kernel: the kernel after waits for this one only.
+  if constexpr (Independent) pdl_wait();
 }
 
 }  // namespace
@@ -78,9 +85,12 @@ bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
   return aligned && T >= 1 && T <= kSmallGemvMaxTokens && N <= kSmallGemvMaxRows && K % 8 == 0;
 }
 
-void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s) {
+void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
+                       bool independent) {
   DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
-  launch_kernel("small_gemv", small_gemv_kernel, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
+  if (independent)
+    launch_kernel("small_gemv", small_gemv_kernel<true>, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
+  else launch_kernel("small_gemv", small_gemv_kernel<false>, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
 }
 
 }  // namespace ds::cuda
