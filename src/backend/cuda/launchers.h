@@ -173,10 +173,10 @@ void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t
 // T <= kSmallGemvMaxTokens tokens (x and w 16-byte aligned, K % 8 == 0): one block per row.
 constexpr int kSmallGemvMaxTokens = 16;
 constexpr int kSmallGemvMaxRows = 256;
+bool small_gemv_supported(const void* x, const void* w, int T, int N, int K);
 // independent: x was complete before the previous kernel began (it read x too), so the blocks
 // compute at once and wait for that kernel only before they end (programmatic dependent launch:
 // the kernels after still see everything before complete).
-bool small_gemv_supported(const void* x, const void* w, int T, int N, int K);
 void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
                        bool independent = false);
 
