@@ -88,9 +88,8 @@ bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
 void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
                        bool independent) {
   DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
-  if (independent)
-    launch_kernel("small_gemv", small_gemv_kernel<true>, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
-  else launch_kernel("small_gemv", small_gemv_kernel<false>, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
+  auto* kernel = independent ? small_gemv_kernel<true> : small_gemv_kernel<false>;
+  launch_kernel("small_gemv", kernel, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
 }
 
 }  // namespace ds::cuda
