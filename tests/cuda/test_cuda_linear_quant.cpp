@@ -334,8 +334,9 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
 }
 
 // The ceilings of the GEMVs' two ways of reading weights (stream_probe.cu), as figures: bulk-copy
-// rings by copy size, stages and warps an SM (2,176 bytes is one W4A16 unit at group 128), and
-// 16-byte loads in flight.
+// rings by copy size, stages and warps an SM (2,176 bytes is one W4A16 unit at group 128; blocks
+// of one warp, 17 an SM, are gate_up's narrow launch), each warp's pieces one stream or spread as
+// one front over the buffer; and 16-byte loads in flight.
 TEST_F(CudaLinearQuantTest, StreamingCeilings) {
   struct Bulk {
     int bytes, stages, threads, blocks_per_sm;
@@ -348,22 +349,25 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
                                   {4352, 2, 256, 3},
                                   {4352, 3, 256, 2},
                                   {8704, 2, 128, 3},
-                                  {8704, 3, 128, 2},
                                   {16384, 2, 64, 3},
-                                  {16384, 3, 64, 2},
-                                  {32768, 2, 32, 3}}) {
-    cuda::StreamProbe p;
-    p.method = cuda::StreamProbe::kBulk;
-    p.bytes = b.bytes;
-    p.stages = b.stages;
-    p.threads = b.threads;
-    p.blocks_per_sm = b.blocks_per_sm;
-    const double gbps = cuda::stream_probe_gbps(p);
-    EXPECT_GT(gbps, 0);
-    std::printf("[figure] stream bulk %5d B x %d stages, %2d warps x %d blocks an SM: %.0f GB/s "
-                "(%.1f%% of %.0f GB/s)\n",
-                b.bytes, b.stages, b.threads / 32, b.blocks_per_sm, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
-  }
+                                  {4352, 2, 32, 17},
+                                  {2176, 4, 32, 17},
+                                  {2176, 5, 32, 17}})
+    for (auto order : {cuda::StreamProbe::kStreams, cuda::StreamProbe::kFront}) {
+      cuda::StreamProbe p;
+      p.method = cuda::StreamProbe::kBulk;
+      p.order = order;
+      p.bytes = b.bytes;
+      p.stages = b.stages;
+      p.threads = b.threads;
+      p.blocks_per_sm = b.blocks_per_sm;
+      const double gbps = cuda::stream_probe_gbps(p);
+      EXPECT_GT(gbps, 0);
+      std::printf("[figure] stream bulk %-7s %5d B x %d stages, %2d warps x %2d blocks an SM: %.0f GB/s "
+                  "(%.1f%% of %.0f GB/s)\n",
+                  order == cuda::StreamProbe::kFront ? "front" : "streams", b.bytes, b.stages, b.threads / 32,
+                  b.blocks_per_sm, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+    }
   for (auto [unroll, threads, blocks] : std::vector<std::array<int, 3>>{{4, 256, 4}, {8, 256, 3}, {8, 512, 2}}) {
     cuda::StreamProbe p;
     p.method = cuda::StreamProbe::kLoads;

@@ -126,6 +126,7 @@ int w4a16_gemv_step_tokens();
 // the median of `reps` timed passes over the buffer (median_ms, event_timing.cuh).
 struct StreamProbe {
   enum Method { kBulk, kLoads } method = kBulk;
+  enum Order { kStreams, kFront } order = kStreams;  // kBulk: a warp's pieces (stream_probe.cu)
   int bytes = 2048, stages = 4, unroll = 8;
   int threads = 256, blocks_per_sm = 2;
   int megabytes = 512, reps = 10;

@@ -1,9 +1,11 @@
 // Read-only streaming probes: how fast the GPU's SMs can read a buffer far larger than L2 by each
 // way a GEMV may feed itself, with no arithmetic on the data, so a GEMV's rate can be read against
 // the ceiling of its own feeding method rather than against a device copy only:
-//   kBulk:  each warp streams its contiguous share through a ring of `stages` shared-memory
-//           slots of `bytes` each, lane 0 issuing one bulk copy (TMA) per slot on an mbarrier and
-//           refilling a slot as soon as the warp has read it (qgemv_tma.cuh's scheme);
+//   kBulk:  each warp streams its share through a ring of `stages` shared-memory slots of `bytes`
+//           each, lane 0 issuing one bulk copy (TMA) per slot on an mbarrier and refilling a slot
+//           as soon as the warp has read it (qgemv_tma.cuh's scheme). Its share is contiguous
+//           (kStreams: one stream a warp, as the tiled W4A16 layout gives) or every W-th piece of
+//           the buffer for W warps (kFront: the GPU's reads at a time are one contiguous range);
 //   kLoads: each thread keeps `unroll` 16-byte loads in flight (qgemv_kernel.cuh's scheme).
 #include <algorithm>
 #include <cstdint>
@@ -18,21 +20,24 @@ namespace ds::cuda {
 
 namespace {
 
-// Warp w of the grid reads bytes [w * share, (w + 1) * share) of src; sink gets a word that
-// depends on every slot (never equal to the magic value in practice).
-__global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int bytes, int stages, uint32_t* sink) {
+// Warp w of the grid reads n = share / bytes pieces of src: piece i at byte (w * n + i) * bytes
+// (front false) or (i * W + w) * bytes for W warps (front true); sink gets a word that depends on
+// every slot (never equal to the magic value in practice).
+__global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int bytes, int stages, bool front,
+                                  uint32_t* sink) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem) + warp * stages;
-  unsigned char* ring = smem + warps * stages * sizeof(uint64_t) + size_t(warp) * stages * bytes;
-  const unsigned char* mine = src + (int64_t(blockIdx.x) * warps + warp) * share;
+  unsigned char* ring = smem + (warps * stages * sizeof(uint64_t) + 15) / 16 * 16 + size_t(warp) * stages * bytes;
+  const int64_t gw = int64_t(blockIdx.x) * warps + warp, n_warps = int64_t(gridDim.x) * warps;
   const int n = static_cast<int>(share / bytes);
+  auto piece = [&](int i) { return src + (front ? int64_t(i) * n_warps + gw : gw * n + i) * bytes; };
   if (lane == 0) {
     for (int i = 0; i < stages; ++i) mbar_init(&full[i], 1);
     mbar_init_fence();
     for (int i = 0; i < min(stages, n); ++i) {
       mbar_arrive_expect_tx(&full[i], bytes);
-      bulk_copy_g2s(ring + size_t(i) * bytes, mine + int64_t(i) * bytes, bytes, &full[i]);
+      bulk_copy_g2s(ring + size_t(i) * bytes, piece(i), bytes, &full[i]);
     }
   }
   __syncwarp();
@@ -44,7 +49,7 @@ __global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int b
     __syncwarp();
     if (lane == 0 && i + stages < n) {
       mbar_arrive_expect_tx(&full[slot], bytes);
-      bulk_copy_g2s(ring + size_t(slot) * bytes, mine + int64_t(i + stages) * bytes, bytes, &full[slot]);
+      bulk_copy_g2s(ring + size_t(slot) * bytes, piece(i + stages), bytes, &full[slot]);
     }
   }
   if (acc == 0x9E3779B9u) *sink = acc;
@@ -85,10 +90,11 @@ double stream_probe_gbps(const StreamProbe& p) {
   if (p.method == StreamProbe::kBulk) {
     const int warps = p.threads / 32;
     const int64_t share = total / (int64_t(blocks) * warps) / p.bytes * p.bytes;
-    const size_t smem = size_t(warps) * p.stages * (p.bytes + sizeof(uint64_t));
+    const size_t smem = (size_t(warps) * p.stages * sizeof(uint64_t) + 15) / 16 * 16 + size_t(warps) * p.stages * p.bytes;
     CUDA_CHECK(cudaFuncSetAttribute(probe_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     bytes_read = share * blocks * warps;
-    run = [=] { probe_bulk_kernel<<<blocks, p.threads, smem>>>(buf, share, p.bytes, p.stages, sink); };
+    const bool front = p.order == StreamProbe::kFront;
+    run = [=] { probe_bulk_kernel<<<blocks, p.threads, smem>>>(buf, share, p.bytes, p.stages, front, sink); };
   } else {
     const int64_t n16 = total / 16;
     bytes_read = total;
