@@ -5,17 +5,17 @@
 // Each warp streams its own 16-row block (a thread block holds 8 of them, or one when K is not
 // split and the inputs are read through L1: tma_narrow_warps): in the tiled layout (w4a16.cu) a
 // block's units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token
-// tile, else 1) is one bulk copy completing on the stage's mbarrier. Lane 0 keeps the warp's ring
-// of stages in flight, the first requested before pdl_wait (no kernel writes weights) while the
-// previous kernel still runs, and refills a slot as soon as the warp has read it. (A ninth warp
-// issuing every copy, so row warps never wait for the copy unit to take one, was slower at one
-// token tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
+// tile, else 1, and 1 in one-warp blocks: kNarrowStages) is one bulk copy completing on the
+// stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first requested before
+// pdl_wait (no kernel writes weights) while the previous kernel still runs, and refills a slot as
+// soon as the warp has read it. (A ninth warp issuing every copy, so row warps never wait for the
+// copy unit to take one, was slower at one token tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block
 // first copies its inputs for its chunk range into shared memory, which every warp reads, and may
 // gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the separate
 // kernels do, so the model's gated linears need no kernel of their own); otherwise each lane reads
-// them through L1, at 4 or more tiles a stage's before its wait.
+// them through L1, a stage's before its wait at 4 or more tiles and in one-warp blocks.
 #pragma once
 
 #include <cstdlib>
@@ -36,10 +36,16 @@ constexpr int kMaxUnitBytes = kUnitChunks * (kSlotBytes + kChunkBytes);
 // system and a few bytes of static shared memory).
 constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
-// A block's shared memory for NT token tiles: mbarriers u64 [warps][S], the rings
+// A block's shared memory for S stages of SU units a warp: mbarriers u64 [warps][S], the rings
 // u8 [warps][S][SU units] (16-byte aligned after the barriers), then the inputs with XSmem.
+__host__ __device__ constexpr size_t tma_barrier_bytes(int stages, int warps) {
+  return (size_t(warps) * stages * sizeof(uint64_t) + 15) / 16 * 16;
+}
+inline size_t tma_ring_bytes_of(int stages, int units, int unit_bytes, int warps) {
+  return tma_barrier_bytes(stages, warps) + size_t(warps) * stages * units * unit_bytes;
+}
 inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
-  return size_t(warps) * stages_for(nt) * (sizeof(uint64_t) + size_t(stage_units(nt)) * unit_bytes);
+  return tma_ring_bytes_of(stages_for(nt), stage_units(nt), unit_bytes, warps);
 }
 // Warps a block when K is not split (one row block a warp, the rows in order): 1, so the warps
 // spread evenly over the SMs (gate_up's 2,176 row blocks in 272 blocks of 8 warps left 8 SMs a
@@ -54,6 +60,10 @@ inline int tma_narrow_warps() {
   }();
   return n;
 }
+// One-warp blocks at one token tile take 5 stages of one unit, their inputs loaded a stage ahead,
+// instead of 2 x 2 units: 17 blocks an SM of 11.9 KB (with the system's 1 KiB each) keep 185 KB in
+// flight, not 148 (docs/perf/2026-12-01-s10-cuda-27b.md).
+constexpr int kNarrowStages = 5;
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
 // the end of K).
@@ -148,20 +158,20 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
 // x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone>
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
+          int S = stages_for(NT)>
 __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
                      int x_stride) {
   static_assert(G == GemvGate::kNone || XSmem, "inputs are gated while they are staged");
-  constexpr int SU = stage_units(NT), S = stages_for(NT);
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warps = blockDim.x / 32;  // kWarps, or fewer without split-K (tma_narrow_warps)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [warps][S]: the stage's copy has landed
-  unsigned char* rings = smem_raw + warps * S * sizeof(uint64_t);
+  unsigned char* rings = smem_raw + tma_barrier_bytes(S, warps);
   const int stage_bytes = SU * w.unit_bytes;
   __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + warps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -263,10 +273,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
-template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone>
+template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
+          int S = stages_for(NT)>
 int tma_kernel_ready() {
   static const int sms = [] {
-    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G>;
+    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S>;
     int dev = 0, max_smem = 0, n = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -323,9 +334,19 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
     }
   }
   DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
-  tma_kernel_ready<NT, MinBlocks, XAhead, false>();
   // Split-K sums per tile of kWarps row blocks (store_results); unsplit launches take narrow blocks.
   const int warps = splits == 1 ? tma_narrow_warps() : kWarps;
+  if constexpr (NT == 1) {
+    if (warps == 1) {
+      constexpr auto kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>;
+      tma_kernel_ready<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>();
+      launch_kernel("qgemv_tma", kernel, dim3((N + 15) / 16, splits), dim3(32),
+                    tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, 1), s, w, x, xb, out, partial, counters, T, N, K,
+                    0);
+      return;
+    }
+  }
+  tma_kernel_ready<NT, MinBlocks, XAhead, false>();
   launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>,
                 dim3((N + 16 * warps - 1) / (16 * warps), splits), dim3(32 * warps),
                 tma_ring_bytes(NT, w.unit_bytes, warps), s, w, x, xb, out, partial, counters, T, N, K, 0);
