@@ -90,7 +90,8 @@ double stream_probe_gbps(const StreamProbe& p) {
   if (p.method == StreamProbe::kBulk) {
     const int warps = p.threads / 32;
     const int64_t share = total / (int64_t(blocks) * warps) / p.bytes * p.bytes;
-    const size_t smem = (size_t(warps) * p.stages * sizeof(uint64_t) + 15) / 16 * 16 + size_t(warps) * p.stages * p.bytes;
+    const size_t barriers = (size_t(warps) * p.stages * sizeof(uint64_t) + 15) / 16 * 16;  // rings 16-byte aligned
+    const size_t smem = barriers + size_t(warps) * p.stages * p.bytes;
     CUDA_CHECK(cudaFuncSetAttribute(probe_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     bytes_read = share * blocks * warps;
     const bool front = p.order == StreamProbe::kFront;
