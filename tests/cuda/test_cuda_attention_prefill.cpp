@@ -177,7 +177,7 @@ TEST_F(AttentionPrefillTest, VarlenMixedSteps) {
 
 // Decode and verify steps only (every chunk <= 16 tokens) on cached contexts of up to 1.7k, five
 // sequences: the split-KV kernel and the packed tensor-core kernel (keys split in stretches of
-// at least 128; a 16-token block is 96 packed rows of one 128-row tile).
+// at least 128, 256 for verify blocks; a 16-token block is 96 packed rows of one 128-row tile).
 TEST_F(AttentionPrefillTest, DecodeAndVerifySteps) {
   const DecodeKernelRestored restore;
   const int nH = 24, nKV = 4, hd = 256;

@@ -669,7 +669,9 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   // with each KV head's query heads packed into its rows, or with DS_ATTN_DECODE=simt the
   // split-KV CUDA-core kernel.
   constexpr int kDecodeChunk = 16;
-  constexpr int kPrefillSplitKeys = 512, kDecodeSplitKeys = 128;  // least keys per split
+  // Least keys per split: prefill; decode (up to 2 new tokens a sequence); verify blocks, whose
+  // partials are larger (docs/perf/2026-12-01-s10-cuda-27b.md).
+  constexpr int kPrefillSplitKeys = 512, kDecodeSplitKeys = 128, kVerifySplitKeys = 256;
   const bool tc = cuda::attention_prefill_supported(hd);
   const bool prefill = max_chunk_ > kDecodeChunk && tc;
   const int split_max_chunk = prefill ? kDecodeChunk : max_chunk_;
@@ -698,7 +700,8 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   if (tc && cuda::attention_decode_tc()) {
     // Partials are indexed by token from 0: t_end rows.
     const int pack = nH / nKV;
-    const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, kDecodeSplitKeys,
+    const int least = split_max_chunk > 2 ? kVerifySplitKeys : kDecodeSplitKeys;
+    const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, least,
                                                         budget);
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(t_end) * nH * n_splits, hd + 2})) : nullptr;
     cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
