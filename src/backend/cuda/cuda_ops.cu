@@ -669,8 +669,9 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   // with each KV head's query heads packed into its rows, or with DS_ATTN_DECODE=simt the
   // split-KV CUDA-core kernel.
   constexpr int kDecodeChunk = 16;
-  // Least keys per split: prefill; decode (up to 2 new tokens a sequence); verify blocks, whose
-  // partials are larger (docs/perf/2026-12-01-s10-cuda-27b.md).
+  // Least keys per split: prefill; decode (up to 2 new tokens a sequence); steps whose short
+  // sequences may have more (verify blocks, decodes beside a prefill chunk), whose partials are
+  // larger (docs/perf/2026-12-01-s10-cuda-27b.md).
   constexpr int kPrefillSplitKeys = 512, kDecodeSplitKeys = 128, kVerifySplitKeys = 256;
   const bool tc = cuda::attention_prefill_supported(hd);
   const bool prefill = max_chunk_ > kDecodeChunk && tc;
