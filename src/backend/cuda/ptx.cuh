@@ -2,6 +2,7 @@
 // the bf16 mma.m16n8k16 (sm_80+), and programmatic dependent launch (sm_90). One definition each.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace ds::cuda {
@@ -68,6 +69,11 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 // bytes of the bulk copies completing on it; a phase ends when both reach zero.
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+// Bytes of an array of n mbarriers, rounded up to 16 so that the bulk-copy destinations laid out
+// after it stay 16-byte aligned (bulk_copy_g2s).
+__host__ __device__ constexpr size_t mbar_array_bytes(int64_t n) {
+  return (size_t(n) * sizeof(uint64_t) + 15) / 16 * 16;
 }
 // Makes the thread's mbar_init visible to the other threads and to the copy unit.
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }

@@ -38,11 +38,8 @@ constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
 // A block's shared memory for S stages of SU units a warp: mbarriers u64 [warps][S], the rings
 // u8 [warps][S][SU units] (16-byte aligned after the barriers), then the inputs with XSmem.
-__host__ __device__ constexpr size_t tma_barrier_bytes(int stages, int warps) {
-  return (size_t(warps) * stages * sizeof(uint64_t) + 15) / 16 * 16;
-}
 inline size_t tma_ring_bytes_of(int stages, int units, int unit_bytes, int warps) {
-  return tma_barrier_bytes(stages, warps) + size_t(warps) * stages * units * unit_bytes;
+  return mbar_array_bytes(int64_t(warps) * stages) + size_t(warps) * stages * units * unit_bytes;
 }
 inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
   return tma_ring_bytes_of(stages_for(nt), stage_units(nt), unit_bytes, warps);
@@ -171,7 +168,7 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warps = blockDim.x / 32;  // kWarps, or fewer without split-K (tma_narrow_warps)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [warps][S]: the stage's copy has landed
-  unsigned char* rings = smem_raw + tma_barrier_bytes(S, warps);
+  unsigned char* rings = smem_raw + mbar_array_bytes(warps * S);
   const int stage_bytes = SU * w.unit_bytes;
   __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + warps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -336,20 +333,18 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
   // Split-K sums per tile of kWarps row blocks (store_results); unsplit launches take narrow blocks.
   const int warps = splits == 1 ? tma_narrow_warps() : kWarps;
+  auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, false>;
+  size_t smem = tma_ring_bytes(NT, w.unit_bytes, warps);
   if constexpr (NT == 1) {
-    if (warps == 1) {
-      constexpr auto kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>;
+    if (warps == 1) {  // kNarrowStages stages of one unit, inputs a stage ahead
+      kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>;
+      smem = tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, 1);
       tma_kernel_ready<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>();
-      launch_kernel("qgemv_tma", kernel, dim3((N + 15) / 16, splits), dim3(32),
-                    tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, 1), s, w, x, xb, out, partial, counters, T, N, K,
-                    0);
-      return;
     }
   }
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
-  launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, false>,
-                dim3((N + 16 * warps - 1) / (16 * warps), splits), dim3(32 * warps),
-                tma_ring_bytes(NT, w.unit_bytes, warps), s, w, x, xb, out, partial, counters, T, N, K, 0);
+  launch_kernel("qgemv_tma", kernel, dim3((N + 16 * warps - 1) / (16 * warps), splits), dim3(32 * warps), smem, s, w,
+                x, xb, out, partial, counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv

@@ -28,7 +28,7 @@ __global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int b
   extern __shared__ __align__(16) unsigned char smem[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem) + warp * stages;
-  unsigned char* ring = smem + (warps * stages * sizeof(uint64_t) + 15) / 16 * 16 + size_t(warp) * stages * bytes;
+  unsigned char* ring = smem + mbar_array_bytes(warps * stages) + size_t(warp) * stages * bytes;
   const int64_t gw = int64_t(blockIdx.x) * warps + warp, n_warps = int64_t(gridDim.x) * warps;
   const int n = static_cast<int>(share / bytes);
   auto piece = [&](int i) { return src + (front ? int64_t(i) * n_warps + gw : gw * n + i) * bytes; };
@@ -90,8 +90,7 @@ double stream_probe_gbps(const StreamProbe& p) {
   if (p.method == StreamProbe::kBulk) {
     const int warps = p.threads / 32;
     const int64_t share = total / (int64_t(blocks) * warps) / p.bytes * p.bytes;
-    const size_t barriers = (size_t(warps) * p.stages * sizeof(uint64_t) + 15) / 16 * 16;  // rings 16-byte aligned
-    const size_t smem = barriers + size_t(warps) * p.stages * p.bytes;
+    const size_t smem = mbar_array_bytes(warps * p.stages) + size_t(warps) * p.stages * p.bytes;
     CUDA_CHECK(cudaFuncSetAttribute(probe_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     bytes_read = share * blocks * warps;
     const bool front = p.order == StreamProbe::kFront;
