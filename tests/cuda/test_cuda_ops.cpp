@@ -258,20 +258,24 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     o.state_dtype = sd;
     gpu = std::make_unique<CudaOps>(o);
     CacheGeometry g;
-    g.n_state_layers = 2, g.n_slots = 3, g.conv_rows = 3, g.conv_dim = C, g.n_v_heads = Hv, g.k_head_dim = dk,
+    g.n_state_layers = 2, g.n_slots = 9, g.conv_rows = 3, g.conv_dim = C, g.n_v_heads = Hv, g.k_head_dim = dk,
     g.v_head_dim = dv, g.n_kv_layers = 1, g.n_blocks = 1, g.n_kv_heads = 1, g.head_dim = 1;
     cpu.alloc_caches(g);
     gpu->alloc_caches(g);
     auto a_log = both(random_bf16(Hv, rng, 0.5f), {Hv}, true);
     auto dt_bias = both(random_bf16(Hv, rng, 0.5f), {Hv}, true);
-    std::vector<int> past = {0, 0, 0};
-    // A long step, then decode and verify sized ones; the last two through gdn_gates_delta_rule
-    // (on CUDA the decode kernel makes the gates itself; the CPU runs the two ops).
-    const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {8, 8, 8}};
+    std::vector<int> past(9, 0);
+    // A long step, then decode and verify sized ones; from the third on through
+    // gdn_gates_delta_rule (on CUDA the decode kernel makes the gates itself; the CPU runs the two
+    // ops). The last two have 9 sequences (6 of them new), which take the decode kernel's packed
+    // form (8 or more).
+    const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {8, 8, 8},
+                                                 {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2, 2, 2, 2}};
     for (size_t step = 0; step < steps.size(); ++step) {
       const std::vector<int>& lens = steps[step];
       const bool fused = step >= 2;
-      const int T = lens[0] + lens[1] + lens[2];
+      int T = 0;
+      for (int len : lens) T += len;
       begin(make_plan(lens, past, 16, 1));
       auto a = both(random_bf16(T * Hv, rng), {T, Hv});
       auto b = both(random_bf16(T * Hv, rng), {T, Hv});
@@ -295,7 +299,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
       expect_close(out, tol,
                    "gdn_rule_dk" + std::to_string(dk) + "_state" + std::to_string(static_cast<int>(sd)) + "_step" +
                        std::to_string(step));
-      for (int s = 0; s < 3; ++s) past[s] += lens[s];
+      for (size_t s = 0; s < lens.size(); ++s) past[s] += lens[s];
     }
   }
 }

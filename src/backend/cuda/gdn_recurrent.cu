@@ -92,11 +92,19 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
 constexpr int kDecodeWarps = 8;
 constexpr int kDecodeRows = 16;  // rows per warp
 constexpr int kDecodeMaxK = kDecodeWarps * kDecodeRows;
+// Packed: steps of kDecodePackedSeqs or more sequences (1,536 CTAs at 8, 12,288 at 64) take the
+// form whose registers are capped for kDecodePackedBlocks CTAs an SM (64 a thread; the other form
+// takes 113, 2 CTAs an SM), reading a token's key and query rows from shared memory where they are
+// used; fewer sequences keep those rows in registers (C8 -0.13 ms, C64 -1.1 ms, C1 and verify
+// blocks equal: docs/perf/2026-12-01-s11-cuda-27b.md).
+constexpr int kDecodePackedSeqs = 8;
+constexpr int kDecodePackedBlocks = 4;
 
 // StateT: float, __half or __nv_bfloat16 (state_dtype 0, 1, 2); elements through state_to_f32 and
-// state_from_f32 (common.cuh), as load_state and store_state convert them.
-template <class StateT>
-__global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
+// state_from_f32 (common.cuh), as load_state and store_state convert them. Both forms do the same
+// arithmetic in the same order.
+template <class StateT, bool Packed>
+__global__ void __launch_bounds__(kDecodeWarps * 32, Packed ? kDecodePackedBlocks : 1) gdn_decode_kernel(
     const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
     const int32_t* slots, int Hk, int Hv, int dk, int dv) {
   __shared__ __align__(16) float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk], 0 past dk
@@ -155,18 +163,37 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
   __syncthreads();
 
   for (int t = 0; t < T; ++t) {
-    float kr[kDecodeRows], qr[kDecodeRows];  // this warp's rows of the token's key and query
+    // Rows r .. r + 3 of this warp's part of the token's key and query: from shared memory where
+    // they are used (Packed), or from registers loaded here.
+    float kr[kDecodeRows], qr[kDecodeRows];
+    if constexpr (!Packed) {
 #pragma unroll
-    for (int r = 0; r < kDecodeRows; r += 4) {
-      *reinterpret_cast<float4*>(&kr[r]) = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
-      *reinterpret_cast<float4*>(&qr[r]) = *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
+      for (int r = 0; r < kDecodeRows; r += 4) {
+        *reinterpret_cast<float4*>(&kr[r]) = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
+        *reinterpret_cast<float4*>(&qr[r]) = *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
+      }
     }
+    auto key4 = [&](int r) {
+      if constexpr (Packed) return *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
+      else return make_float4(kr[r], kr[r + 1], kr[r + 2], kr[r + 3]);
+    };
+    auto query4 = [&](int r) {
+      if constexpr (Packed) return *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
+      else return make_float4(qr[r], qr[r + 1], qr[r + 2], qr[r + 3]);
+    };
     const float alpha = alpha_s[t];
     float part = 0.f;  // this warp's rows of (alpha S)^T k for the lane's column
 #pragma unroll
-    for (int r = 0; r < kDecodeRows; ++r) {
+    for (int r = 0; r < kDecodeRows; r += 4) {
+      const float4 k4 = key4(r);
       S[r] *= alpha;  // decay first
-      part += S[r] * kr[r];
+      S[r + 1] *= alpha;
+      S[r + 2] *= alpha;
+      S[r + 3] *= alpha;
+      part += S[r] * k4.x;
+      part += S[r + 1] * k4.y;
+      part += S[r + 2] * k4.z;
+      part += S[r + 3] * k4.w;
     }
     red[0][warp][lane] = part;
     __syncthreads();  // (also: every warp has read red[1] of the previous token)
@@ -176,9 +203,16 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     const float delta = beta_s[t] * (vs[t][lane] - mcol);
     float o = 0.f;
 #pragma unroll
-    for (int r = 0; r < kDecodeRows; ++r) {
-      S[r] += kr[r] * delta;
-      o += S[r] * qr[r];  // read after the update
+    for (int r = 0; r < kDecodeRows; r += 4) {
+      const float4 k4 = key4(r), q4 = query4(r);
+      S[r] += k4.x * delta;
+      S[r + 1] += k4.y * delta;
+      S[r + 2] += k4.z * delta;
+      S[r + 3] += k4.w * delta;
+      o += S[r] * q4.x;  // read after the update
+      o += S[r + 1] * q4.y;
+      o += S[r + 2] * q4.z;
+      o += S[r + 3] * q4.w;
     }
     red[1][warp][lane] = o;
     __syncthreads();  // every warp has read red[0] (the next token may write it); red[1] complete
@@ -207,8 +241,10 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
   if (short_chunks && gdn_decode_supported(dk)) {
     const dim3 grid(n_seqs, Hv, (dv + 31) / 32);
     auto go = [&](auto* typed_state) {
-      launch_kernel("gdn_decode", gdn_decode_kernel<std::remove_pointer_t<decltype(typed_state)>>, grid,
-                    kDecodeWarps * 32, 0, s, qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
+      using StateT = std::remove_pointer_t<decltype(typed_state)>;
+      auto* kernel = n_seqs >= kDecodePackedSeqs ? gdn_decode_kernel<StateT, true> : gdn_decode_kernel<StateT, false>;
+      launch_kernel("gdn_decode", kernel, grid, kDecodeWarps * 32, 0, s, qkv, gates, typed_state, out, cu_seqlens,
+                    n_past, slots, Hk, Hv, dk, dv);
     };
     if (state_dtype == 0) go(static_cast<float*>(state));
     else if (state_dtype == 1) go(static_cast<__half*>(state));
