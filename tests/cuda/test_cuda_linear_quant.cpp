@@ -38,7 +38,9 @@ struct GemvSettingsRestored {
   int tokens = cuda::w4a16_gemv_tokens();
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
+  bool wide = cuda::w4a16_gemv_wide();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_gemv_wide(wide);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
@@ -155,16 +157,18 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       Tensor oc = cpu.scratch(DType::kF32, {T, sh.N}), og = gpu->scratch(DType::kBF16, {T, sh.N});
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      // The TMA kernel with inputs in shared memory where they fit, or through L1; the register kernel.
+      // The TMA kernels with inputs in shared memory where they fit (the wide kernel from 9
+      // tokens), or through L1 (the one-tile kernel at every T); the register kernel.
       for (int kernel : {0, 1, 2}) {
         cuda::set_w4a16_gemv_tma(kernel < 2);
         cuda::set_w4a16_gemv_x_smem(kernel == 0);
+        cuda::set_w4a16_gemv_wide(kernel == 0);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                  std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
                                  " per launch " + std::to_string(run.per_launch) +
-                                 (kernel == 0 ? " tma" : kernel == 1 ? " tma without x in smem" : " regs");
+                                 (kernel == 0 ? " tma" : kernel == 1 ? " tma one-tile, x not in smem" : " regs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
           gpu->linear_quantized(xg, c.gpu_w, og);
@@ -195,9 +199,10 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
       cpu.linear(xc, w_cpu, oc);
       std::vector<Tensor> parts;
       for (int w : widths) parts.push_back(gpu->scratch(DType::kBF16, {T, w}));
-      for (bool tma : {true, false}) {  // both GEMV kernels
+      for (bool tma : {true, false}) {  // both GEMV kernels (the TMA one wide from 9 tokens)
         cuda::set_w4a16_gemv_tma(tma);
         cuda::set_w4a16_gemv_x_smem(true);
+        cuda::set_w4a16_gemv_wide(true);
         gpu->linear_parts(xg, c.gpu_w, parts);
         for (size_t p = 0, r0 = 0; p < parts.size(); r0 += widths[p], ++p) {
           std::vector<float> ref;

@@ -102,9 +102,8 @@ void set_pdl_enabled(bool on);
 // then wrong. Warned about once when set.
 bool kernel_skipped(const char* name);
 // Tokens per W4A16 GEMV launch (longer steps up to 128 tokens run it in slices; 0: always
-// dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 32).
-// (64 measured slower at C64 in the fourth session, but together with the gated input, which
-// recomputed its activation per token tile: to be measured again.)
+// dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 64 with
+// the wide kernel, else 32).
 int w4a16_gemv_tokens();
 void set_w4a16_gemv_tokens(int n);
 // Which W4A16 GEMV kernel: true, the one fed by the copy unit (qgemv_tma.cuh; the default on
@@ -116,6 +115,11 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
+// Whether launches of 9 to 64 tokens take the TMA kernel whose blocks share their inputs
+// (qgemv_wide.cuh) rather than the one-tile kernel. env DS_W4A16_WIDE = 1 (default) | 0; tests
+// may switch it.
+bool w4a16_gemv_wide();
+void set_w4a16_gemv_wide(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();

@@ -119,6 +119,13 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
   return old;
 }
 
+// *p read at GPU scope with acquire order (a flag another block released).
+__device__ __forceinline__ int load_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
 // Programmatic dependent launch. A kernel launched with the programmatic-serialization
 // attribute may start while the kernel before it in the stream still runs; pdl_wait() blocks
 // until that kernel has finished and its writes are visible, so everything before it may touch

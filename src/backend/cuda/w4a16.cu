@@ -13,8 +13,12 @@
 //     as a pair. Rows past N hold q = 0 and scale 0.
 // So one warp's stage of the copy-unit GEMV is one contiguous copy (2,176 bytes a unit at group 128).
 // Small T (decode, verify; up to 64 per launch) runs a tensor-core GEMV streaming the weights
-// once for all tokens, fed by the copy unit (qgemv_tma.cuh) or, with DS_W4A16_GEMV=regs, through
-// registers (qgemv_kernel.cuh); large T (prefill) dequantises to a bf16 matrix for cuBLAS.
+// once for all tokens, fed by the copy unit (qgemv_tma.cuh; 9 to 64 tokens with the inputs shared
+// by a block, qgemv_wide.cuh) or, with DS_W4A16_GEMV=regs, through registers (qgemv_kernel.cuh);
+// large T (prefill) dequantises to a bf16 matrix for cuBLAS.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -23,6 +27,7 @@
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/qgemv_kernel.cuh"
 #include "backend/cuda/qgemv_tma.cuh"
+#include "backend/cuda/qgemv_wide.cuh"
 
 namespace ds::cuda {
 
@@ -161,11 +166,105 @@ namespace {
 int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
+bool g_wide = env_flag("DS_W4A16_WIDE", true);
 
+// -1: the default of w4a16_gemv_tokens.
 int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
-  return std::clamp(env ? std::atoi(env) : 32, 0, kW4A16GemvMaxTokens);
+  return env ? std::clamp(std::atoi(env), 0, kW4A16GemvMaxTokens) : -1;
 }();
+
+// Whether T tokens of one launch take the wide kernel (qgemv_wide.cuh): 9 or more (at 2-8 tokens it
+// was slower than the one-tile kernel: C8 9.68 against 8.82 ms on the H200).
+bool takes_wide(int T) { return T > 8 && w4a16_gemv_tma() && g_wide; }
+// The wide kernel's token tiles of 8 for T tokens (its instances: 2, 4, 8).
+int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
+
+// The wide kernel's dynamic shared-memory limit raised to the opt-in maximum, once per
+// instance; returns that maximum.
+template <int NT>
+int wide_ready() {
+  static const int max_smem = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    cudaFuncAttributes attr{};
+    CUDA_CHECK(cudaFuncGetAttributes(&attr, qgemv::qgemv_wide_kernel<NT>));
+    v -= static_cast<int>(attr.sharedSizeBytes);
+    CUDA_CHECK(cudaFuncSetAttribute(qgemv::qgemv_wide_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
+    return v;
+  }();
+  return max_smem;
+}
+
+// cuTensorMapEncodeTiled from the driver, asked once.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const auto fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
+    DS_ASSERT(p && q == cudaDriverEntryPointSuccess, "the CUDA driver lacks cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A tensor map of `rank` dims (dims[0] contiguous; strides in bytes of dims 1..), box `box`.
+CUtensorMap tensor_map(CUtensorMapDataType type, int rank, const void* base, const cuuint64_t* dims,
+                       const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
+  CUtensorMap m;
+  const cuuint32_t ones[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&m, type, rank, const_cast<void*>(base), dims, strides, box, ones,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  DS_ASSERT(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled: error %d (rank %d, dims %llu x %llu)", static_cast<int>(r),
+            rank, static_cast<unsigned long long>(dims[0]), static_cast<unsigned long long>(dims[1]));
+  return m;
+}
+
+template <int NT>
+void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* partial, int* counters, int splits,
+                 int T, int N, int K, cudaStream_t s) {
+  const int max_smem = wide_ready<NT>();
+  const qgemv::WideDeal deal = qgemv::wide_deal(N, K, sm_count());
+  DS_ASSERT(deal.tiles <= kGemvMaxSplitTiles, "W4A16 wide GEMV: %d tiles (N %d), counters for %d", deal.tiles, N,
+            kGemvMaxSplitTiles);
+  const int64_t need = qgemv::wide_partial_floats(deal, NT);
+  DS_ASSERT(need == 0 || (partial && int64_t(splits) * T * N >= need),
+            "W4A16 wide GEMV: partials of %lld floats given, %lld needed (N %d, K %d)",
+            static_cast<long long>(partial ? int64_t(splits) * T * N : 0), static_cast<long long>(need), N, K);
+  // At least half an SM's shared memory, so that no SM takes two blocks while another has none (the
+  // deal gives each SM one; at 16 tokens two blocks fit an SM by registers and stages alone).
+  const size_t smem = std::max(qgemv::wide_smem_bytes(T, w.unit_bytes), size_t(max_smem) / 2 + 1024);
+  DS_ASSERT(smem <= size_t(max_smem), "W4A16 wide GEMV: %zu bytes of shared memory, the GPU allows %d", smem,
+            max_smem);
+  // The weight as u32 [n_rb][n_units * unit_bytes / 64][16]: a box is one unit of 16 row blocks.
+  const int n_rb = (N + 15) / 16, granules = w.unit_bytes / 64;
+  DS_ASSERT(w.unit_bytes % 64 == 0, "W4A16 wide GEMV: unit of %d bytes", w.unit_bytes);
+  const cuuint64_t wdims[3] = {16, cuuint64_t(w.n_units) * granules, cuuint64_t(n_rb)};
+  const cuuint64_t wstrides[2] = {64, cuuint64_t(w.n_units) * w.unit_bytes};
+  const cuuint32_t wbox[3] = {16, cuuint32_t(granules), cuuint32_t(qgemv::kWideTileBlocks)};
+  const CUtensorMap wmap =
+      tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, w.base, wdims, wstrides, wbox, CU_TENSOR_MAP_SWIZZLE_NONE);
+  // x bf16 [T][K]: a box is one 64-column chunk of every token, swizzled by 128 bytes.
+  const cuuint64_t xdims[2] = {cuuint64_t(K), cuuint64_t(T)};
+  const cuuint64_t xstrides[1] = {cuuint64_t(K) * 2};
+  const cuuint32_t xbox[2] = {qgemv::kChunk, cuuint32_t(T)};
+  const CUtensorMap xmap =
+      tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, xdims, xstrides, xbox, CU_TENSOR_MAP_SWIZZLE_128B);
+  launch_kernel("qgemv_wide", qgemv::qgemv_wide_kernel<NT>, dim3(deal.blocks), dim3(qgemv::kWideThreads), smem, s,
+                wmap, xmap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
+}
 
 // A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp; TMA kernel:
 // registers capped for 3 blocks an SM (what its shared memory allows) at one tile, and at 4 or
@@ -197,7 +296,13 @@ int w4a16_gemv_step_tokens() {
   }();
   return n;
 }
-int w4a16_gemv_tokens() { return g_tokens; }
+int w4a16_gemv_tokens() {
+  if (g_tokens >= 0) return g_tokens;
+  // 64 with the wide kernel, whose one launch reads the weights once for 64 tokens (C64 43.2 ms
+  // against 51.1 at 32 a launch, with an earlier form of it); the one-tile kernel was slower at
+  // 64 a launch (C64 47.3 against 42.2 ms: docs/perf/2026-12-01-s12-cuda-27b.md).
+  return w4a16_gemv_tma() && g_wide ? kW4A16GemvMaxTokens : 32;
+}
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
 bool w4a16_gemv_tma() {
@@ -213,8 +318,14 @@ bool w4a16_gemv_tma() {
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
+bool w4a16_gemv_wide() { return g_wide; }
+void set_w4a16_gemv_wide(bool on) { g_wide = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
+  if (takes_wide(T)) {  // partial [splits, T, N] must hold the wide kernel's partials
+    const int64_t need = qgemv::wide_partial_floats(qgemv::wide_deal(N, K, sm_count()), wide_tiles(T));
+    return need == 0 ? 1 : static_cast<int>(std::max<int64_t>(2, (need + int64_t(T) * N - 1) / (int64_t(T) * N)));
+  }
   const int resident = with_kernel(T, [](auto k) {
     using Kn = decltype(k);
     return w4a16_gemv_tma() ? qgemv::tma_resident_blocks<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>()
@@ -224,7 +335,8 @@ int w4a16_gemv_splits(int T, int N, int K) {
 }
 
 bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
-  return T >= 1 && T <= 8 && T <= g_tokens && w4a16_gemv_tma() && g_x_smem && w4a16_tiled_supports(K, group) &&
+  return T >= 1 && T <= 8 && T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && g_x_smem &&
+         w4a16_tiled_supports(K, group) &&
          qgemv::tma_x_smem_fits(1, T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes);
 }
 
@@ -240,6 +352,14 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
             "W4A16 GEMV: a gated input needs its second input and the TMA kernel (T %d, N %d, K %d)", T, N, K);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
+  if (takes_wide(T)) {
+    DS_ASSERT(gate == GemvGate::kNone, "W4A16 GEMV: no gated input at %d tokens", T);
+    const int nt = wide_tiles(T);
+    if (nt == 2) launch_wide<2>(w, x, parts, partial, counters, splits, T, N, K, s);
+    else if (nt == 4) launch_wide<4>(w, x, parts, partial, counters, splits, T, N, K, s);
+    else launch_wide<8>(w, x, parts, partial, counters, splits, T, N, K, s);
+    return;
+  }
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
     if (w4a16_gemv_tma())

@@ -1,0 +1,313 @@
+// Device code of the W4A16 GEMV for 9 to 64 tokens (verify blocks and batched decode): out bf16
+// [T, N] = x bf16 [T, K] . W^T on bf16 tensor cores (mma.m16n8k16, fp32 accumulation), the same
+// fragments and tiled layout as the one-tile GEMV (qgemv_tma.cuh), but with the inputs shared by
+// the whole thread block.
+//
+// Why a kernel of its own: in the one-tile GEMV each warp reads its inputs itself, 2 T bytes per
+// 16 rows x 1 column of weights (8x the weight bytes at 32 tokens), and they come from L2, since
+// a warp's K range of inputs does not fit the L1 beside the weight rings. Here a tile of 256 rows
+// (8 warps of 2 row blocks) takes each stage's inputs once into shared memory, so the block reads
+// as many input bytes from L2 as weight bytes from DRAM at 64 tokens.
+//
+// Work: a stage is one unit (4 chunks, 256 columns) of K for the tile's 16 row blocks: their
+// weights (one box copy of a tensor map over the tiled layout) and the inputs' 256 columns of
+// all T tokens (a box copy a chunk). (One bulk copy a row block and one a token row, 80 a stage
+// at 64 tokens, gave C64 36.1 ms against 30.4.) The (tile, unit) stages of a launch are dealt to
+// one block an SM in equal contiguous stretches (stream-K), so a launch takes one wave however N
+// falls on the tiles. A tile cut between blocks is summed by the block holding its first units,
+// which reaches them last: it adds the others' fp32 partials in block order (results do not
+// depend on scheduling). A ring of kWideStages stages stays in flight (full / empty mbarriers):
+// thread 0 requests the first, and lane 0 of the warps in turn refills a slot once all eight have
+// read it. (A ninth, producer warp would cap the registers at 168 a thread: three warps then
+// share a quarter of the register file.)
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+
+#include "backend/cuda/qgemv_kernel.cuh"
+
+namespace ds::cuda::qgemv {
+
+constexpr int kWideWarps = 8;                            // warps a block
+constexpr int kWideR = 2;                                // row blocks a row warp
+constexpr int kWideTileBlocks = kWideWarps * kWideR;     // 16 row blocks: 256 rows a tile
+constexpr int kWideThreads = kWideWarps * 32;
+// Stages in flight: 2 was faster than 3 or 4 at every token count (C64 29.9 against 30.5 and
+// 30.6 ms on the H200: docs/perf/2026-12-01-s12-cuda-27b.md).
+constexpr int kWideStages = 2;
+
+// The stream-K deal: F = tiles * units stages over G blocks, block b taking [F b / G, F (b + 1) / G).
+struct WideDeal {
+  int tiles, units, blocks;
+  __host__ __device__ int64_t begin(int b) const { return int64_t(tiles) * units * b / blocks; }
+  // The block whose stretch holds stage f.
+  __host__ __device__ int block_of(int64_t f) const {
+    return static_cast<int>(((f + 1) * blocks - 1) / (int64_t(tiles) * units));
+  }
+  __host__ __device__ int first_block(int tile) const { return block_of(int64_t(tile) * units); }
+  __host__ __device__ int n_blocks(int tile) const {
+    return block_of(int64_t(tile) * units + units - 1) - first_block(tile) + 1;
+  }
+};
+
+// A stage: the tile's weights of one unit (rounded up to 1024 bytes), then the inputs of its 4
+// chunks, each [x_rows][128 bytes] (the 128-byte swizzle wants 1024-byte aligned boxes).
+__host__ __device__ inline int wide_x_rows(int T) { return (T + 7) / 8 * 8; }
+__host__ __device__ inline int wide_weight_bytes(int unit_bytes) {
+  return (kWideTileBlocks * unit_bytes + 1023) / 1024 * 1024;
+}
+inline size_t wide_stage_bytes(int T, int unit_bytes) {
+  return size_t(wide_weight_bytes(unit_bytes)) + size_t(kUnitChunks) * wide_x_rows(T) * 128;
+}
+// A block's shared memory: the mbarriers, up to 1024 bytes of alignment, the stages.
+inline size_t wide_smem_bytes(int T, int unit_bytes) {
+  return mbar_array_bytes(2 * kWideStages) + 1024 + kWideStages * wide_stage_bytes(T, unit_bytes);
+}
+
+// mbarrier arrival without transaction bytes.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// Box copies of a tensor map (cp.async.bulk.tensor) into shared memory, completed on bar.
+__device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_u32(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+__device__ __forceinline__ void tensor_copy_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                               uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(smem_u32(dst)),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+      : "memory");
+}
+
+// wmap: the tiled weight as u32 [n_rb][n_units * unit_bytes / 64][16], box [16][unit_bytes / 64][16]
+// (one unit of a tile's 16 row blocks; rows past N zero-filled). xmap: x bf16 [T][K], box [T][64]
+// (one chunk of every token) with the 128-byte swizzle. partial f32 [wide_partial_floats],
+// counters i32 [tiles], zero between launches. S = kWideStages (a parameter: as a constant, ptxas
+// spills at 8 token tiles). Every block of the launch must be resident at
+// once (one an SM, as many as SMs): a tile's owner waits for the other blocks.
+template <int NT>
+__global__ void __launch_bounds__(kWideWarps * 32, 1)
+    qgemv_wide_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, W4Tiled w,
+                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, WideDeal deal, int T,
+                      int N, int S) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [S]: the stage's copies have landed
+  uint64_t* empty = full + S;                               // [S]: the 8 warps have read it
+  // The stages, 1024-byte aligned for the swizzled inputs: weights [16 row blocks][unit_bytes],
+  // then the inputs [4 chunks][x_rows][128 bytes].
+  unsigned char* ring = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + mbar_array_bytes(2 * S) + 1023) / 1024 * 1024);
+  const int x_rows = wide_x_rows(T), wbytes = wide_weight_bytes(w.unit_bytes);
+  const int stage_bytes = wbytes + kUnitChunks * x_rows * 128;
+  auto weights_of = [&](int slot, int b) { return ring + slot * stage_bytes + b * w.unit_bytes; };
+  auto inputs_of = [&](int slot, int c) { return ring + slot * stage_bytes + wbytes + c * x_rows * 128; };
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_rb = (N + 15) / 16;
+  const int64_t f0 = deal.begin(blockIdx.x), f1 = deal.begin(blockIdx.x + 1);
+  const int n_steps = static_cast<int>(f1 - f0);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kWideWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  // Stage i into slot i % S, by one thread: the tile's weights of the unit, then the inputs of its
+  // chunks (x comes from the previous kernel: only after pdl_wait).
+  auto chunks_of = [&](int64_t f) {
+    return min(kUnitChunks, w.n_chunks - static_cast<int>(f % deal.units) * kUnitChunks);
+  };
+  auto issue_weights = [&](int i) {
+    const int64_t f = f0 + i;
+    const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units);
+    mbar_arrive_expect_tx(&full[i % S], kWideTileBlocks * w.unit_bytes + chunks_of(f) * T * 128);
+    tensor_copy_3d(weights_of(i % S, 0), &wmap, 0, u * (w.unit_bytes / 64), tile * kWideTileBlocks, &full[i % S]);
+  };
+  auto issue_inputs = [&](int i) {
+    const int64_t f = f0 + i;
+    const int u = static_cast<int>(f % deal.units), nch = chunks_of(f);
+    for (int c = 0; c < nch; ++c)
+      tensor_copy_2d(inputs_of(i % S, c), &xmap, (u * kUnitChunks + c) * kChunk, 0, &full[i % S]);
+  };
+  const int first = min(S, n_steps);
+  if (threadIdx.x == 0)
+    for (int i = 0; i < first; ++i) issue_weights(i);  // no kernel writes weights
+  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
+  pdl_trigger();
+  if (threadIdx.x == 0)
+    for (int i = 0; i < first; ++i) issue_inputs(i);
+
+  const int g = lane / 4, q4 = lane % 4;
+  // The lane's token rows in a chunk's inputs (lanes past T read the last token's row; their
+  // columns are never stored): byte offsets, and the 128-byte swizzle's 16-byte XOR of the row.
+  int xrow[NT], xsw[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int t = min(nt * 8 + g, T - 1);
+    xrow[nt] = t * 128;
+    xsw[nt] = t & 7;
+  }
+  float acc[kWideR][NT][4] = {};
+
+  // The tile's results. A block holding all of its K stores them. Else the block holding its
+  // first units (the owner: it reaches them last in its stretch, so the others are done by then)
+  // waits for the other blocks' partials, adds them to its own in block order and stores; the
+  // others write partials and arrive on the tile's counter.
+  auto flush = [&](int tile) {
+    const int seg = blockIdx.x - deal.first_block(tile), segs = deal.n_blocks(tile);
+    // A partial is the block's accumulators as they lie in registers: float4 [kWideR * NT][256
+    // threads] (each thread's four of a tile nt), slot (seg - 1) * tiles + tile.
+    auto slot_of = [&](int sg) {
+      return reinterpret_cast<float4*>(partial) + (int64_t(sg - 1) * deal.tiles + tile) * (kWideR * NT * 256) +
+             threadIdx.x;
+    };
+    if (seg > 0) {
+      float4* mine = slot_of(seg);
+#pragma unroll
+      for (int r = 0; r < kWideR; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          mine[(r * NT + nt) * 256] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
+      // As store_results: one release arrival for the block after a block barrier.
+      __syncthreads();
+      if (threadIdx.x == 0) atomic_add_acq_rel_gpu(&counters[tile], 1);
+    } else {
+      if (segs > 1) {
+        if (threadIdx.x == 0) {
+          while (load_acquire_gpu(&counters[tile]) < segs - 1) __nanosleep(64);
+          counters[tile] = 0;  // every other block has arrived: ready for the next launch
+        }
+        __syncthreads();  // the other blocks' partials are visible to every thread after it
+        for (int sg = 1; sg < segs; ++sg) {
+          const float4* theirs = slot_of(sg);
+          float4 v[kWideR][NT];  // all of a partial's loads in flight at once
+#pragma unroll
+          for (int r = 0; r < kWideR; ++r)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) v[r][nt] = __ldcg(theirs + (r * NT + nt) * 256);
+#pragma unroll
+          for (int r = 0; r < kWideR; ++r)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              acc[r][nt][0] += v[r][nt].x;
+              acc[r][nt][1] += v[r][nt].y;
+              acc[r][nt][2] += v[r][nt].z;
+              acc[r][nt][3] += v[r][nt].w;
+            }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kWideR; ++r)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int t = nt * 8 + 2 * q4 + (i & 1);
+            const int n = (tile * kWideTileBlocks + warp * kWideR + r) * 16 + g + (i >= 2 ? 8 : 0);
+            if (t < T && n < N) out.store(t, n, acc[r][nt][i]);
+          }
+    }
+#pragma unroll
+    for (int r = 0; r < kWideR; ++r)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+  };
+
+  int soff[kUnitChunks];
+#pragma unroll
+  for (int u = 0; u < kUnitChunks; ++u) soff[u] = (u >> w.slot_shift) * 8;
+  for (int i = 0; i < n_steps; ++i) {
+    const int64_t f = f0 + i;
+    const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units), slot = i % S;
+    const int nch = min(kUnitChunks, w.n_chunks - u * kUnitChunks);
+    const int rb0 = tile * kWideTileBlocks + warp * kWideR;  // the warp's first row block
+    mbar_wait(&full[slot], (i / S) & 1);
+    if (rb0 < n_rb) {
+#pragma unroll
+      for (int c = 0; c < kUnitChunks; ++c) {
+        if (c >= nch) break;
+        uint4 wv[kWideR];
+        float2 sv[kWideR];
+#pragma unroll
+        for (int r = 0; r < kWideR; ++r) {
+          const unsigned char* unit = weights_of(slot, warp * kWideR + r);
+          wv[r] = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes)[c * 32 + lane];
+          sv[r] = reinterpret_cast<const float2*>(unit)[soff[c] + g];
+        }
+        float p[kWideR][NT][4] = {};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // the lane's columns [8h, 8h + 8) of its 16: k-steps 2h, 2h + 1
+          uint4 xv[NT];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+            xv[nt] = *reinterpret_cast<const uint4*>(inputs_of(slot, c) + xrow[nt] +
+                                                     (((2 * q4 + h) ^ xsw[nt]) << 4));
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+            for (int r = 0; r < kWideR; ++r) {
+              uint32_t a[4];
+              const uint32_t word = word_of(wv[r], 2 * h + jj);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) a[e] = nibbles_to_bf16x2(word >> (4 * e));
+#pragma unroll
+              for (int nt = 0; nt < NT; ++nt)
+                mma_bf16(p[r][nt], a, word_of(xv[nt], 2 * jj), word_of(xv[nt], 2 * jj + 1));
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < kWideR; ++r)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            acc[r][nt][0] += sv[r].x * p[r][nt][0];
+            acc[r][nt][1] += sv[r].x * p[r][nt][1];
+            acc[r][nt][2] += sv[r].y * p[r][nt][2];
+            acc[r][nt][3] += sv[r].y * p[r][nt][3];
+          }
+      }
+    }
+    __syncwarp();  // every lane has read the slot
+    if (lane == 0) mbar_arrive(&empty[slot]);
+    // The slot's next stage, by the warps in turn once all eight have read this one.
+    if (warp == i % kWideWarps && lane == 0 && i + S < n_steps) {
+      mbar_wait(&empty[slot], (i / S) & 1);
+      issue_weights(i + S);
+      issue_inputs(i + S);
+    }
+    if (u == deal.units - 1 || i == n_steps - 1) flush(tile);
+  }
+}
+
+// Blocks of a launch (one an SM) and the most blocks a tile is cut between (the partials' first
+// dimension); asked per launch shape.
+inline WideDeal wide_deal(int N, int K, int sms) {
+  WideDeal d;
+  d.tiles = ((N + 15) / 16 + kWideTileBlocks - 1) / kWideTileBlocks;
+  d.units = (K / kChunk + kUnitChunks - 1) / kUnitChunks;
+  d.blocks = static_cast<int>(std::min<int64_t>(int64_t(d.tiles) * d.units, sms));
+  return d;
+}
+inline int wide_max_segments(const WideDeal& d) {
+  int m = 1;
+  for (int t = 0; t < d.tiles; ++t) m = std::max(m, d.n_blocks(t));
+  return m;
+}
+// The partials' floats (0 when no tile is cut): a slot for each tile and block after its first.
+inline int64_t wide_partial_floats(const WideDeal& d, int nt) {
+  return int64_t(wide_max_segments(d) - 1) * d.tiles * kWideR * nt * 4 * (kWideWarps * 32);
+}
+
+}  // namespace ds::cuda::qgemv
