@@ -267,10 +267,10 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     std::vector<int> past(9, 0);
     // A long step, then decode and verify sized ones; from the third on through
     // gdn_gates_delta_rule (on CUDA the decode kernel makes the gates itself; the CPU runs the two
-    // ops). The last two have 9 sequences (6 of them new), which take the decode kernel's packed
-    // form (8 or more).
+    // ops). The last two have 9 sequences (6 of them new), which take the kernel of a CTA a head
+    // (8 or more sequences), the last with verify blocks of up to 16 tokens.
     const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {8, 8, 8},
-                                                 {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2, 2, 2, 2}};
+                                                 {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 16, 1, 2, 5, 2, 2, 8, 3}};
     for (size_t step = 0; step < steps.size(); ++step) {
       const std::vector<int>& lens = steps[step];
       const bool fused = step >= 2;

@@ -1,7 +1,8 @@
 // Gated delta rule, token by token (the columns of S are independent given k, q, g and beta).
-// Decode-sized chunks: the state lives in registers across 8 warps (gdn_decode_kernel). (A warp
+// Decode-sized chunks: the state lives in registers across 8 warps (gdn_decode_kernel; a warp
 // per 4 columns summing with shuffles, no block barrier a token, measured slower on the H200:
-// docs/perf/2026-11-29-s6-cuda-27b.md.) Long chunks: one block per (sequence, v-head) holds
+// docs/perf/2026-11-29-s6-cuda-27b.md), or at 8 or more sequences across the two halves of a
+// CTA per head, the head's state moved by bulk copies (gdn_decode_head_kernel). Long chunks: one block per (sequence, v-head) holds
 // S [dk, dv] in fp32 shared memory for the whole chunk, thread j owning column j; CudaOps uses it
 // only where the chunked tensor-core kernel (gdn_chunked.cu) lacks the shape.
 #include <algorithm>
@@ -92,19 +93,13 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
 constexpr int kDecodeWarps = 8;
 constexpr int kDecodeRows = 16;  // rows per warp
 constexpr int kDecodeMaxK = kDecodeWarps * kDecodeRows;
-// Packed: steps of kDecodePackedSeqs or more sequences (1,536 CTAs at 8, 12,288 at 64) take the
-// form whose registers are capped for kDecodePackedBlocks CTAs an SM (64 a thread; the other form
-// takes 113, 2 CTAs an SM), reading a token's key and query rows from shared memory where they are
-// used; fewer sequences keep those rows in registers (C8 -0.13 ms, C64 -1.1 ms, C1 and verify
-// blocks equal: docs/perf/2026-12-01-s11-cuda-27b.md).
-constexpr int kDecodePackedSeqs = 8;
-constexpr int kDecodePackedBlocks = 4;
+// Steps of kDecodeHeadSeqs or more sequences take gdn_decode_head_kernel (below).
+constexpr int kDecodeHeadSeqs = 8;
 
 // StateT: float, __half or __nv_bfloat16 (state_dtype 0, 1, 2); elements through state_to_f32 and
-// state_from_f32 (common.cuh), as load_state and store_state convert them. Both forms do the same
-// arithmetic in the same order.
-template <class StateT, bool Packed>
-__global__ void __launch_bounds__(kDecodeWarps * 32, Packed ? kDecodePackedBlocks : 1) gdn_decode_kernel(
+// state_from_f32 (common.cuh), as load_state and store_state convert them.
+template <class StateT>
+__global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
     const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
     const int32_t* slots, int Hk, int Hv, int dk, int dv) {
   __shared__ __align__(16) float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk], 0 past dk
@@ -163,37 +158,18 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, Packed ? kDecodePackedBlock
   __syncthreads();
 
   for (int t = 0; t < T; ++t) {
-    // Rows r .. r + 3 of this warp's part of the token's key and query: from shared memory where
-    // they are used (Packed), or from registers loaded here.
-    float kr[kDecodeRows], qr[kDecodeRows];
-    if constexpr (!Packed) {
+    float kr[kDecodeRows], qr[kDecodeRows];  // this warp's rows of the token's key and query
 #pragma unroll
-      for (int r = 0; r < kDecodeRows; r += 4) {
-        *reinterpret_cast<float4*>(&kr[r]) = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
-        *reinterpret_cast<float4*>(&qr[r]) = *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
-      }
+    for (int r = 0; r < kDecodeRows; r += 4) {
+      *reinterpret_cast<float4*>(&kr[r]) = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
+      *reinterpret_cast<float4*>(&qr[r]) = *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
     }
-    auto key4 = [&](int r) {
-      if constexpr (Packed) return *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
-      else return make_float4(kr[r], kr[r + 1], kr[r + 2], kr[r + 3]);
-    };
-    auto query4 = [&](int r) {
-      if constexpr (Packed) return *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
-      else return make_float4(qr[r], qr[r + 1], qr[r + 2], qr[r + 3]);
-    };
     const float alpha = alpha_s[t];
     float part = 0.f;  // this warp's rows of (alpha S)^T k for the lane's column
 #pragma unroll
-    for (int r = 0; r < kDecodeRows; r += 4) {
-      const float4 k4 = key4(r);
+    for (int r = 0; r < kDecodeRows; ++r) {
       S[r] *= alpha;  // decay first
-      S[r + 1] *= alpha;
-      S[r + 2] *= alpha;
-      S[r + 3] *= alpha;
-      part += S[r] * k4.x;
-      part += S[r + 1] * k4.y;
-      part += S[r + 2] * k4.z;
-      part += S[r + 3] * k4.w;
+      part += S[r] * kr[r];
     }
     red[0][warp][lane] = part;
     __syncthreads();  // (also: every warp has read red[1] of the previous token)
@@ -203,16 +179,9 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, Packed ? kDecodePackedBlock
     const float delta = beta_s[t] * (vs[t][lane] - mcol);
     float o = 0.f;
 #pragma unroll
-    for (int r = 0; r < kDecodeRows; r += 4) {
-      const float4 k4 = key4(r), q4 = query4(r);
-      S[r] += k4.x * delta;
-      S[r + 1] += k4.y * delta;
-      S[r + 2] += k4.z * delta;
-      S[r + 3] += k4.w * delta;
-      o += S[r] * q4.x;  // read after the update
-      o += S[r + 1] * q4.y;
-      o += S[r + 2] * q4.z;
-      o += S[r + 3] * q4.w;
+    for (int r = 0; r < kDecodeRows; ++r) {
+      S[r] += kr[r] * delta;
+      o += S[r] * qr[r];  // read after the update
     }
     red[1][warp][lane] = o;
     __syncthreads();  // every warp has read red[0] (the next token may write it); red[1] complete
@@ -230,6 +199,142 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, Packed ? kDecodePackedBlock
   }
 }
 
+// Steps of kDecodeHeadSeqs or more sequences: one CTA of 256 threads per (sequence, v-head). At
+// many sequences gdn_decode_kernel was bound by the bytes its CTAs keep in flight: a thread's 16
+// state elements are 16 loads into registers, so an SM held at most 32 KB of state loads and then
+// computed (C64: 8.95 ms a step for 9.7 GB of state read and written, 1.1 TB/s). Here the head's
+// whole state (contiguous, 32 KB in fp16) comes in one bulk copy into shared memory, issued first
+// (before pdl_wait, as there), while the prologue reads the tokens' q, k, v and gates; each thread
+// then takes one column and half of the rows into registers (thread j: column j % 128, rows
+// [64 (j / 128), + 64)), the token loop sums the two halves through shared memory, and the updated
+// state goes back by one bulk store from shared memory.
+constexpr int kHeadThreads = 256;
+constexpr int kHeadRows = 64;  // rows a thread
+
+bool gdn_decode_head_supported(int dk, int dv, int state_bytes) {
+  return dk <= 2 * kHeadRows && dv <= kDecodeMaxK && (dk * dv * state_bytes) % 16 == 0;
+}
+
+template <class StateT>
+__global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
+    const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
+    const int32_t* slots, int Hk, int Hv, int dk, int dv) {
+  extern __shared__ __align__(128) unsigned char head_smem[];  // StateT [dk, dv]: the head's state
+  StateT* Ss = reinterpret_cast<StateT*>(head_smem);
+  __shared__ __align__(16) float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk], 0 past dk
+  __shared__ __align__(16) float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk], 0 past dk
+  __shared__ float vs[kGdnDecodeMaxTokens][kDecodeMaxK];                // values [T, dv]
+  __shared__ float alpha_s[kGdnDecodeMaxTokens], beta_s[kGdnDecodeMaxTokens];
+  __shared__ float red[2][2][kDecodeMaxK];  // per-half column sums: k^T S, then q^T S
+  __shared__ uint64_t landed;               // the state's copy
+  const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int col = threadIdx.x % kDecodeMaxK, half = threadIdx.x / kDecodeMaxK, i0 = half * kHeadRows;
+  const bool has_col = col < dv;
+  const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0;
+  if (T == 0) return;
+  const int C = 2 * Hk * dk + Hv * dv;
+  StateT* st = state + (int64_t(slots[s]) * Hv + h) * dk * dv;
+  const uint32_t bytes = dk * dv * sizeof(StateT);
+  const bool load = n_past[s] != 0;  // a fresh sequence starts from zeros
+
+  if (threadIdx.x == 0) {
+    mbar_init(&landed, 1);
+    mbar_init_fence();
+    // The state first (the step plan and the state are not written by the kernel before this one).
+    if (load) {
+      mbar_arrive_expect_tx(&landed, bytes);
+      bulk_copy_g2s(Ss, st, bytes, &landed);
+    }
+  }
+  pdl_wait();  // qkv and the gates come from the kernels before
+  pdl_trigger();
+
+  const float q_scale = rsqrtf(static_cast<float>(dk));
+  for (int t = warp; t < T; t += kHeadThreads / 32) {
+    const bf16* row = qkv + int64_t(t0 + t) * C;
+    float qv[kDecodeMaxK / 32], kv[kDecodeMaxK / 32], qss = 0.f, kss = 0.f;
+#pragma unroll
+    for (int e = 0; e < kDecodeMaxK / 32; ++e) {
+      const int j = lane + 32 * e;
+      qv[e] = j < dk ? to_f32(row[kh * dk + j]) : 0.f;
+      kv[e] = j < dk ? to_f32(row[Hk * dk + kh * dk + j]) : 0.f;
+      qss += qv[e] * qv[e];
+      kss += kv[e] * kv[e];
+      vs[t][j] = j < dv ? to_f32(row[2 * Hk * dk + h * dv + j]) : 0.f;
+    }
+    const float qn = rsqrtf(warp_sum(qss) + 1e-6f) * q_scale, kn = rsqrtf(warp_sum(kss) + 1e-6f);
+#pragma unroll
+    for (int e = 0; e < kDecodeMaxK / 32; ++e) {
+      qs[t][lane + 32 * e] = qv[e] * qn;
+      ks[t][lane + 32 * e] = kv[e] * kn;
+    }
+    if (lane == 0) {
+      const int64_t i = int64_t(t0 + t) * Hv + h;
+      float g, beta;
+      if (gates.a) gdn_gate(to_f32(gates.a[i]), to_f32(gates.b[i]), gates.a_log[h], gates.dt_bias[h], g, beta);
+      else g = gates.g[i], beta = gates.beta[i];
+      alpha_s[t] = expf(g);
+      beta_s[t] = beta;
+    }
+  }
+  __syncthreads();  // (also: the barrier's init is visible to every thread)
+  if (load) mbar_wait(&landed, 0);
+
+  // Element (i0 + r, col) of the state; rows past dk hold zeros and meet zero keys and queries.
+  float S[kHeadRows];
+#pragma unroll
+  for (int r = 0; r < kHeadRows; ++r) S[r] = load && has_col && i0 + r < dk ? state_to_f32(Ss[(i0 + r) * dv + col]) : 0.f;
+
+  for (int t = 0; t < T; ++t) {
+    const float alpha = alpha_s[t];
+    float part = 0.f;  // this half's rows of (alpha S)^T k for the thread's column
+#pragma unroll
+    for (int r = 0; r < kHeadRows; r += 4) {
+      const float4 k4 = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
+      S[r] *= alpha;  // decay first
+      S[r + 1] *= alpha;
+      S[r + 2] *= alpha;
+      S[r + 3] *= alpha;
+      part += S[r] * k4.x;
+      part += S[r + 1] * k4.y;
+      part += S[r + 2] * k4.z;
+      part += S[r + 3] * k4.w;
+    }
+    red[0][half][col] = part;
+    __syncthreads();  // (also: every thread has read red[1] of the previous token)
+    const float delta = beta_s[t] * (vs[t][col] - (red[0][0][col] + red[0][1][col]));
+    float o = 0.f;
+#pragma unroll
+    for (int r = 0; r < kHeadRows; r += 4) {
+      const float4 k4 = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
+      const float4 q4 = *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
+      S[r] += k4.x * delta;
+      S[r + 1] += k4.y * delta;
+      S[r + 2] += k4.z * delta;
+      S[r + 3] += k4.w * delta;
+      o += S[r] * q4.x;  // read after the update
+      o += S[r + 1] * q4.y;
+      o += S[r + 2] * q4.z;
+      o += S[r + 3] * q4.w;
+    }
+    red[1][half][col] = o;
+    __syncthreads();  // every thread has read red[0] (the next token may write it); red[1] complete
+    if (half == 0 && has_col) out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(red[1][0][col] + red[1][1][col]);
+  }
+  // The new state into shared memory (every element of [dk, dv]), then one bulk store.
+#pragma unroll
+  for (int r = 0; r < kHeadRows; ++r)
+    if (has_col && i0 + r < dk) Ss[(i0 + r) * dv + col] = state_from_f32<StateT>(S[r]);
+  fence_proxy_async_shared();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    bulk_copy_s2g(st, Ss, bytes);
+    bulk_commit();
+    bulk_wait_read();  // the shared memory is released when the CTA exits
+  }
+}
+
 }  // namespace
 
 bool gdn_decode_supported(int dk) { return dk <= kDecodeMaxK; }
@@ -239,12 +344,23 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s) {
   if (n_seqs == 0) return;
   if (short_chunks && gdn_decode_supported(dk)) {
-    const dim3 grid(n_seqs, Hv, (dv + 31) / 32);
     auto go = [&](auto* typed_state) {
       using StateT = std::remove_pointer_t<decltype(typed_state)>;
-      auto* kernel = n_seqs >= kDecodePackedSeqs ? gdn_decode_kernel<StateT, true> : gdn_decode_kernel<StateT, false>;
-      launch_kernel("gdn_decode", kernel, grid, kDecodeWarps * 32, 0, s, qkv, gates, typed_state, out, cu_seqlens,
-                    n_past, slots, Hk, Hv, dk, dv);
+      if (n_seqs >= kDecodeHeadSeqs && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
+        const int smem = dk * dv * static_cast<int>(sizeof(StateT));
+        static int smem_attr = 0;  // the kernel's dynamic shared-memory limit, raised as needed (the
+                                   // default leaves 48 KB less its static shared memory)
+        if (smem > smem_attr) {
+          CUDA_CHECK(cudaFuncSetAttribute(gdn_decode_head_kernel<StateT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem));
+          smem_attr = smem;
+        }
+        launch_kernel("gdn_decode", gdn_decode_head_kernel<StateT>, dim3(n_seqs, Hv), kHeadThreads, smem, s, qkv,
+                      gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
+        return;
+      }
+      launch_kernel("gdn_decode", gdn_decode_kernel<StateT>, dim3(n_seqs, Hv, (dv + 31) / 32), kDecodeWarps * 32, 0, s,
+                    qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
     };
     if (state_dtype == 0) go(static_cast<float*>(state));
     else if (state_dtype == 1) go(static_cast<__half*>(state));

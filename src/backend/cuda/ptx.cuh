@@ -101,6 +101,22 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
                : "memory");
 }
 
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from shared to global memory by the
+// copy unit, in this thread's current bulk group. The shared memory must have been written before
+// a fence_proxy_async_shared (generic writes are not seen by the copy unit otherwise); bulk_commit
+// closes the group, and bulk_wait_read lets the shared memory be reused once the copies of all
+// closed groups have read it.
+__device__ __forceinline__ void bulk_copy_s2g(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(smem_u32(src)),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
 // (a & b) | c in one lop3, b a constant: written out, because the compiler splits the form with
 // two constants into two instructions.
 template <uint32_t B>
