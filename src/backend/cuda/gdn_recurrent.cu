@@ -2,9 +2,10 @@
 // Decode-sized chunks: the state lives in registers across 8 warps (gdn_decode_kernel; a warp
 // per 4 columns summing with shuffles, no block barrier a token, measured slower on the H200:
 // docs/perf/2026-11-29-s6-cuda-27b.md), or at 8 or more sequences across the two halves of a
-// CTA per head, the head's state moved by bulk copies (gdn_decode_head_kernel). Long chunks: one block per (sequence, v-head) holds
-// S [dk, dv] in fp32 shared memory for the whole chunk, thread j owning column j; CudaOps uses it
-// only where the chunked tensor-core kernel (gdn_chunked.cu) lacks the shape.
+// CTA per head, the head's state moved by bulk copies (gdn_decode_head_kernel). Long chunks: one
+// block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory for the whole chunk, thread
+// j owning column j; CudaOps uses it only where the chunked tensor-core kernel (gdn_chunked.cu)
+// lacks the shape.
 #include <algorithm>
 #include <type_traits>
 
@@ -284,7 +285,8 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
   // Element (i0 + r, col) of the state; rows past dk hold zeros and meet zero keys and queries.
   float S[kHeadRows];
 #pragma unroll
-  for (int r = 0; r < kHeadRows; ++r) S[r] = load && has_col && i0 + r < dk ? state_to_f32(Ss[(i0 + r) * dv + col]) : 0.f;
+  for (int r = 0; r < kHeadRows; ++r)
+    S[r] = load && has_col && i0 + r < dk ? state_to_f32(Ss[(i0 + r) * dv + col]) : 0.f;
 
   for (int t = 0; t < T; ++t) {
     const float alpha = alpha_s[t];
