@@ -31,11 +31,11 @@
 namespace ds::cuda::qgemv {
 
 constexpr int kWideWarps = 8;                            // warps a block
-constexpr int kWideR = 2;                                // row blocks a row warp
+constexpr int kWideR = 2;                                // row blocks a warp
 constexpr int kWideTileBlocks = kWideWarps * kWideR;     // 16 row blocks: 256 rows a tile
 constexpr int kWideThreads = kWideWarps * 32;
-// Stages in flight: 2 was faster than 3 or 4 at every token count (C64 29.9 against 30.5 and
-// 30.6 ms on the H200: docs/perf/2026-12-01-s12-cuda-27b.md).
+// Stages in flight: 2 was faster than 3 or 4 at every token count (C64 29.9 ms against 30.6 with
+// 3 and 30.5 with 4 on the H200: docs/perf/2026-12-01-s12-cuda-27b.md).
 constexpr int kWideStages = 2;
 
 // The stream-K deal: F = tiles * units stages over G blocks, block b taking [F b / G, F (b + 1) / G).
@@ -291,8 +291,8 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
   }
 }
 
-// Blocks of a launch (one an SM) and the most blocks a tile is cut between (the partials' first
-// dimension); asked per launch shape.
+// The deal of a launch of N rows and K columns: at most one block an SM. wide_max_segments: the
+// most blocks a tile is cut between.
 inline WideDeal wide_deal(int N, int K, int sms) {
   WideDeal d;
   d.tiles = ((N + 15) / 16 + kWideTileBlocks - 1) / kWideTileBlocks;
