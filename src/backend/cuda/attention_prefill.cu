@@ -321,12 +321,7 @@ bool attention_prefill_supported(int hd) { return hd == 64 || hd == 128 || hd ==
 
 int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int pack, int min_split_keys,
                              size_t partial_budget_bytes) {
-  static const int n_sms = [] {
-    int device = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
+  const int n_sms = sm_count();
   // One CTA per SM: aim for two waves.
   const int ctas = std::max({1, n_seqs, (T * pack + kBM - 1) / kBM}) * (nH / pack);
   int n = std::min((2 * n_sms + ctas - 1) / ctas, max_ctx / min_split_keys);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/launchers.h"
 #include "core/check.h"
@@ -71,6 +72,16 @@ bool g_attention_decode_tc = env_choice("DS_ATTN_DECODE", "simt", "tc", true);
 
 bool pdl_enabled() { return g_pdl; }
 void set_pdl_enabled(bool on) { g_pdl = on; }
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    return v;
+  }();
+  return n;
+}
 bool attention_decode_tc() { return g_attention_decode_tc; }
 void set_attention_decode_tc(bool on) { g_attention_decode_tc = on; }
 }  // namespace ds::cuda

@@ -1,4 +1,5 @@
-// launch_kernel: how the kernels of a forward step are launched. With programmatic dependent
+// launch_kernel: how the kernels of a forward step are launched (and raise_dynamic_smem_limit, for
+// kernels that opt in to more than 48 KB of shared memory). With programmatic dependent
 // launch on (pdl_enabled(), DS_PDL=1) each launch carries the programmatic-serialization
 // attribute, so its blocks are scheduled while the kernel before it finishes and the launch gap
 // disappears. Every kernel launched here therefore begins with pdl_wait() before it touches any
@@ -13,6 +14,19 @@
 #include "backend/cuda/launchers.h"
 
 namespace ds::cuda {
+
+// Raises kernel's dynamic shared-memory limit to what an SM's opt-in allows beside its static
+// shared memory; returns that limit. (Once per kernel: callers keep the result.)
+inline int raise_dynamic_smem_limit(const void* kernel) {
+  int dev = 0, max_smem = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cudaFuncAttributes attr{};
+  CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const int limit = max_smem - static_cast<int>(attr.sharedSizeBytes);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  return limit;
+}
 
 template <class... Params, class... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,

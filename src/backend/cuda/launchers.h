@@ -96,6 +96,8 @@ bool env_choice(const char* name, const char* off, const char* on, bool dflt);
 // switch it.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
+// The current device's SM count, asked once.
+int sm_count();
 // Diagnostics: kernels whose launch name (launch_kernel's first argument) is listed in env
 // DS_SKIP_KERNELS (comma-separated) are not launched, so a benchmark of steps without them tells
 // what they cost in place, with the kernels around them overlapping as they do; every result is

@@ -266,11 +266,9 @@ __global__ void __launch_bounds__(kWarps * 32, U > 4 ? 3 : 0)
 template <class Fmt, int NT, int U>
 int resident_blocks() {
   static const int n = [] {
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_kernel<Fmt, NT, U>, kWarps * 32, 0);
-    return sms * std::max(per_sm, 1);
+    return sm_count() * std::max(per_sm, 1);
   }();
   return n;
 }

@@ -274,16 +274,8 @@ template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate:
           int S = stages_for(NT)>
 int tma_kernel_ready() {
   static const int sms = [] {
-    auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S>;
-    int dev = 0, max_smem = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cudaFuncAttributes attr{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    max_smem - static_cast<int>(attr.sharedSizeBytes)));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return n;
+    raise_dynamic_smem_limit(reinterpret_cast<const void*>(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S>));
+    return sm_count();
   }();
   return sms;
 }

@@ -180,30 +180,11 @@ bool takes_wide(int T) { return T > 8 && w4a16_gemv_tma() && g_wide; }
 // The wide kernel's token tiles of 8 for T tokens (its instances: 2, 4, 8).
 int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
-  return n;
-}
-
 // The wide kernel's dynamic shared-memory limit raised to the opt-in maximum, once per
 // instance; returns that maximum.
 template <int NT>
 int wide_ready() {
-  static const int max_smem = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    cudaFuncAttributes attr{};
-    CUDA_CHECK(cudaFuncGetAttributes(&attr, qgemv::qgemv_wide_kernel<NT>));
-    v -= static_cast<int>(attr.sharedSizeBytes);
-    CUDA_CHECK(cudaFuncSetAttribute(qgemv::qgemv_wide_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, v));
-    return v;
-  }();
+  static const int max_smem = raise_dynamic_smem_limit(reinterpret_cast<const void*>(qgemv::qgemv_wide_kernel<NT>));
   return max_smem;
 }
 
