@@ -49,6 +49,13 @@ if [ "${1:-}" = "--pack" ]; then
   mkdir -p .devbuild/lib
   ldd build/deltaserve | awk '/=> \//{print $3}' | grep -vE 'libc\.so|libm\.so|libstdc|libgcc|libpthread|libdl|librt|cublas|cuda' \
     | xargs -r -I{} cp -L {} .devbuild/lib/
+  # The kernel timeline tracer (tools/kernel_trace.cpp) and the CUPTI it needs.
+  CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+  if [ -f "$CUDA_HOME/include/cupti.h" ]; then
+    g++ -std=c++17 -O2 -Wall -Wextra -shared -fPIC tools/kernel_trace.cpp -I"$CUDA_HOME/include" \
+      -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/lib" -lcupti -o .devbuild/lib/libds_kernel_trace.so
+    cp -L "$(ldd .devbuild/lib/libds_kernel_trace.so | awk '/libcupti/{print $3}')" .devbuild/lib/
+  fi
   du -sh .devbuild
   exit 0
 fi
@@ -156,6 +163,17 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
       tools/gpu_profile.sh > "$LOG/profile_$tag.txt" 2>&1
     detail=0
   done
+  # Where a step's time goes in place: kernel timelines (tools/gpu_trace.sh), NAME:BATCH:VERIFY
+  # (VERIFY 0: decode steps at 1k; else verify blocks of that many tokens). env DS_TRACES
+  # overrides the list (none: skipped).
+  for p in ${DS_TRACES:-b1:1:0 v8:1:8}; do
+    [ "$p" = none ] && continue
+    over "trace $p" && continue
+    IFS=: read -r tag batch verify <<< "$p"
+    tokens=$batch; [ "$verify" != 0 ] && tokens=$verify
+    OUT="$LOG" DS_TRACE_TAG="$tag" DS_TRACE_TOKENS="$tokens" \
+      DS_TRACE_ARGS="--batches $batch --contexts 1024 --verify $verify" tools/gpu_trace.sh > /dev/null 2>&1
+  done
 fi
 if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != tests ] && ! over sweep; then
   "${BENCH[@]}" --w4a16 --prefill 1024,4096,16384,51200 --json "$LOG/bench_model_w4a16.jsonl" \
@@ -210,6 +228,11 @@ done
 [ -f "$LOG/skipped.txt" ] && { echo "== skipped (DS_DEADLINE) =="; cat "$LOG/skipped.txt"; }
 echo "== kernel time per decode step (Nsight Compute, caches not flushed) =="
 for f in "$LOG"/profile_*.txt; do [ -e "$f" ] && { echo "-- $(basename "$f" .txt)"; cat "$f"; }; done
+echo "== kernel timelines: a launch's share of the step, in place (tools/gpu_trace.sh) =="
+for f in "$LOG"/trace_*.txt; do
+  case "$f" in *.bench.txt) continue ;; esac
+  [ -e "$f" ] && { echo "-- $(basename "$f" .txt)"; head -16 "$f"; }
+done
 echo "== bench model (27B shape, W4A16 linears, synthetic) =="
 cat "$LOG/bench_model_w4a16.txt" 2>/dev/null; tail -3 "$LOG/bench_model_w4a16.log" 2>/dev/null
 cat "$LOG/gpu.txt"
