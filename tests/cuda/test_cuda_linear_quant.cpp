@@ -223,40 +223,52 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
 // give; T 20 takes the separate kernels. Both against the CPU.
 TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
   const GemvSettingsRestored restore;
-  const int N = 200, K = 1024;
-  W4Case c = make_w4(*gpu, rng, N, K, 128);
-  LinearWeight w_cpu;
-  w_cpu.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
   if (cuda::w4a16_gemv_tma()) {
-    EXPECT_TRUE(cuda::w4a16_gemv_gates_input(1, N, K, 128));
+    EXPECT_TRUE(cuda::w4a16_gemv_gates_input(1, 200, 1024, 128));
+    // At 4 tokens the 27B down_proj's inputs take the rings of one-unit stages to fit (qgemv_tma.cuh
+    // XSmemForm); at 8 gated inputs go through L1, after the gate's own kernel.
+    EXPECT_TRUE(cuda::w4a16_gemv_gates_input(4, 5120, 17408, 128)) << "the 27B down_proj at 4 tokens";
+    EXPECT_FALSE(cuda::w4a16_gemv_gates_input(8, 5120, 17408, 128)) << "the 27B down_proj at 8 tokens";
+    EXPECT_TRUE(cuda::w4a16_gemv_gates_input(4, 2560, 17408, 128)) << "N 2560 at 4 tokens";
   }
-  for (GateAct act : {GateAct::kSiluMul, GateAct::kMulSigmoid})
-    for (int T : {1, 3, 8, 20}) {
-      const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng);
-      const std::string what = std::string(act == GateAct::kSiluMul ? "silu_mul" : "mul_sigmoid") + " T" +
-                               std::to_string(T);
-      Tensor oc = cpu.scratch(DType::kF32, {T, N});
-      cpu.gated_linear(cpu.upload(a.data(), DType::kF32, {T, K}, DType::kF32),
-                       cpu.upload(b.data(), DType::kF32, {T, K}, DType::kF32), act, w_cpu, oc);
-      const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      Tensor ag = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);
-      Tensor bg = gpu->upload(b.data(), DType::kF32, {T, K}, DType::kBF16);
-      Tensor fused = gpu->scratch(DType::kBF16, {T, N}), apart = gpu->scratch(DType::kBF16, {T, N});
-      gpu->gated_linear(ag, bg, act, c.gpu_w, fused);
-      Tensor xg = gpu->scratch(DType::kBF16, {T, K});
-      if (act == GateAct::kSiluMul) {
-        gpu->silu_mul(ag, bg, xg);
-      } else {
-        xg = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);  // a may have been gated in place
-        gpu->sigmoid_mul(xg, bg);
+  struct Shape {
+    int N, K;
+    std::vector<int> tokens;
+  };
+  // N 2560 x K 17408 at 4 tokens: the one-unit rings (split K, the inputs too long for the others).
+  for (const Shape& sh : {Shape{200, 1024, {1, 3, 8, 20}}, Shape{2560, 17408, {4}}}) {
+    const int N = sh.N, K = sh.K;
+    W4Case c = make_w4(*gpu, rng, N, K, 128);
+    LinearWeight w_cpu;
+    w_cpu.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+    for (GateAct act : {GateAct::kSiluMul, GateAct::kMulSigmoid})
+      for (int T : sh.tokens) {
+        const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng);
+        const std::string what = std::string(act == GateAct::kSiluMul ? "silu_mul" : "mul_sigmoid") + " N" +
+                                 std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T);
+        Tensor oc = cpu.scratch(DType::kF32, {T, N});
+        cpu.gated_linear(cpu.upload(a.data(), DType::kF32, {T, K}, DType::kF32),
+                         cpu.upload(b.data(), DType::kF32, {T, K}, DType::kF32), act, w_cpu, oc);
+        const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+        Tensor ag = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);
+        Tensor bg = gpu->upload(b.data(), DType::kF32, {T, K}, DType::kBF16);
+        Tensor fused = gpu->scratch(DType::kBF16, {T, N}), apart = gpu->scratch(DType::kBF16, {T, N});
+        gpu->gated_linear(ag, bg, act, c.gpu_w, fused);
+        Tensor xg = gpu->scratch(DType::kBF16, {T, K});
+        if (act == GateAct::kSiluMul) {
+          gpu->silu_mul(ag, bg, xg);
+        } else {
+          xg = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);  // a may have been gated in place
+          gpu->sigmoid_mul(xg, bg);
+        }
+        gpu->linear_weight(xg, c.gpu_w, apart);
+        const std::vector<float> got = download(fused);
+        EXPECT_EQ(got, download(apart)) << what;
+        EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
+        gpu->reset_scratch();
+        cpu.reset_scratch();
       }
-      gpu->linear_weight(xg, c.gpu_w, apart);
-      const std::vector<float> got = download(fused);
-      EXPECT_EQ(got, download(apart)) << what;
-      EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
-      gpu->reset_scratch();
-      cpu.reset_scratch();
-    }
+  }
 }
 
 // The dequantise + cuBLAS path in blocks of rows: with a 2 MiB step scratch, a weight of N 1000

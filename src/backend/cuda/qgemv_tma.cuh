@@ -11,7 +11,8 @@
 // soon as the warp has read it. (A ninth warp issuing every copy, so row warps never wait for the
 // copy unit to take one, was slower at one token tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
-// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM) the block
+// Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM, or beside
+// a ring of one-unit stages when K is split and more tokens' inputs need the room) the block
 // first copies its inputs for its chunk range into shared memory, which every warp reads, and may
 // gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the separate
 // kernels do, so the model's gated linears need no kernel of their own); otherwise each lane reads
@@ -131,9 +132,21 @@ inline int tma_x_stride(int K, int splits) {
   const int units = (K / kChunk + kUnitChunks - 1) / kUnitChunks;
   return (units + splits - 1) / splits * kUnitChunks * kChunk + 8;
 }
+// The rings of an XSmem launch: the one-tile rings (kTwoUnitStages: 2 stages of 2 units a warp)
+// or, where the inputs of more tokens leave no room for those and K is split, 2 stages of one
+// unit (kOneUnitStages; unsplit launches take one-warp blocks instead). At 2-8 tokens the latter
+// gave C2 6.88 against 7.05 ms, C4 7.46 against 7.65 (docs/perf/2026-12-01-s13-cuda-27b.md).
+enum class XSmemForm { kNone, kTwoUnitStages, kOneUnitStages };
+constexpr int kOneUnitXSmemStages = 2;
+constexpr int kOneUnitGatedMaxTokens = 4;
+inline size_t tma_x_rows_bytes(int T, int K, int splits) {
+  return size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
+}
 // A block's shared memory with XSmem (one token tile): the rings and T rows of inputs.
-inline size_t tma_x_smem_bytes(int T, int K, int splits, int unit_bytes) {
-  return tma_ring_bytes(1, unit_bytes) + size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
+inline size_t tma_x_smem_bytes(XSmemForm form, int T, int K, int splits, int unit_bytes) {
+  const size_t rings = form == XSmemForm::kOneUnitStages ? tma_ring_bytes_of(kOneUnitXSmemStages, 1, unit_bytes, kWarps)
+                                                       : tma_ring_bytes(1, unit_bytes);
+  return rings + tma_x_rows_bytes(T, K, splits);
 }
 
 // 8 gated inputs: silu(a) * b (GemvGate::kSiluMul) or a * sigmoid(b) (kMulSigmoid), in fp32,
@@ -294,27 +307,47 @@ int tma_resident_blocks() {
   return n;
 }
 
-// Whether a launch of NT token tiles stages its inputs in shared memory (XSmem): one tile, and they
-// fit beside the rings with 3 blocks an SM.
-inline bool tma_x_smem_fits(int nt, int T, int K, int splits, int unit_bytes) {
-  return nt == 1 && tma_x_smem_bytes(T, K, splits, unit_bytes) <= kTmaSmemPerBlock3;
+// Whether a launch of NT token tiles stages its inputs in shared memory (XSmem), and with which
+// rings: one tile, and the inputs fit beside the rings with 3 blocks an SM. Gated inputs (two
+// to read a token) take the one-unit rings up to kOneUnitGatedMaxTokens tokens: at 8 their
+// staging cost more than the separate gate kernel and the inputs through L1 (C8 8.50 against
+// 8.31 ms on the H200, docs/perf/2026-12-01-s13-cuda-27b.md).
+inline XSmemForm tma_x_smem_form(int nt, int T, int K, int splits, int unit_bytes, bool gated) {
+  if (nt != 1) return XSmemForm::kNone;
+  if (tma_x_smem_bytes(XSmemForm::kTwoUnitStages, T, K, splits, unit_bytes) <= kTmaSmemPerBlock3)
+    return XSmemForm::kTwoUnitStages;
+  if (splits > 1 && (!gated || T <= kOneUnitGatedMaxTokens) &&
+      tma_x_smem_bytes(XSmemForm::kOneUnitStages, T, K, splits, unit_bytes) <= kTmaSmemPerBlock3)
+    return XSmemForm::kOneUnitStages;
+  return XSmemForm::kNone;
+}
+inline bool tma_x_smem_fits(int nt, int T, int K, int splits, int unit_bytes, bool gated) {
+  return tma_x_smem_form(nt, T, K, splits, unit_bytes, gated) != XSmemForm::kNone;
 }
 
-// XSmem where tma_x_smem_fits (and x_smem_allowed); a gate (xb, gate) only with XSmem.
+// XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
                 bool x_smem_allowed, cudaStream_t s) {
   if constexpr (NT == 1) {
-    if (x_smem_allowed && tma_x_smem_fits(NT, T, K, splits, w.unit_bytes)) {
+    const XSmemForm form =
+        x_smem_allowed ? tma_x_smem_form(NT, T, K, splits, w.unit_bytes, gate != GemvGate::kNone) : XSmemForm::kNone;
+    if (form != XSmemForm::kNone) {
       const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
-      const size_t smem = tma_x_smem_bytes(T, K, splits, w.unit_bytes);
+      const size_t smem = tma_x_smem_bytes(form, T, K, splits, w.unit_bytes);
       const int stride = tma_x_stride(K, splits);
       auto go = [&](auto g) {
         constexpr GemvGate G = decltype(g)::value;
-        tma_kernel_ready<NT, MinBlocks, XAhead, true, G>();
-        launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G>, grid, block, smem, s, w, x, xb,
-                      out, partial, counters, T, N, K, stride);
+        if (form == XSmemForm::kTwoUnitStages) {
+          tma_kernel_ready<NT, MinBlocks, XAhead, true, G>();
+          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G>, grid, block, smem, s, w, x,
+                        xb, out, partial, counters, T, N, K, stride);
+        } else {
+          tma_kernel_ready<NT, MinBlocks, XAhead, true, G, 1, kOneUnitXSmemStages>();
+          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, 1, kOneUnitXSmemStages>, grid,
+                        block, smem, s, w, x, xb, out, partial, counters, T, N, K, stride);
+        }
       };
       if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{});
       else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{});

@@ -318,7 +318,7 @@ int w4a16_gemv_splits(int T, int N, int K) {
 bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
   return T >= 1 && T <= 8 && T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && g_x_smem &&
          w4a16_tiled_supports(K, group) &&
-         qgemv::tma_x_smem_fits(1, T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes);
+         qgemv::tma_x_smem_fits(1, T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes, true);
 }
 
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
