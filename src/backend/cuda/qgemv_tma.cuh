@@ -134,8 +134,9 @@ inline int tma_x_stride(int K, int splits) {
 }
 // The rings of an XSmem launch: the one-tile rings (kTwoUnitStages: 2 stages of 2 units a warp)
 // or, where the inputs of more tokens leave no room for those and K is split, 2 stages of one
-// unit (kOneUnitStages; unsplit launches take one-warp blocks instead). At 2-8 tokens the latter
-// gave C2 6.88 against 7.05 ms, C4 7.46 against 7.65 (docs/perf/2026-12-01-s13-cuda-27b.md).
+// unit (kOneUnitStages; unsplit launches take one-warp blocks instead), rather than the inputs
+// through L1: C2 6.75 against 7.02 ms, C4 7.49 against 7.67, C8 8.26 against 8.40 on the H200
+// (docs/perf/2026-12-01-s13-cuda-27b.md).
 enum class XSmemForm { kNone, kTwoUnitStages, kOneUnitStages };
 constexpr int kOneUnitXSmemStages = 2;
 constexpr int kOneUnitGatedMaxTokens = 4;
