@@ -176,6 +176,21 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
   }
 }
 
+// A warp's accumulators of row block rb to out (those of tokens below T and rows below N).
+template <int NT>
+__device__ __forceinline__ void store_row_block(const float (&acc)[NT][4], const OutParts& out, int T, int N, int rb,
+                                                int lane) {
+  // Accumulator i of tile nt: row rb*16 + g (+8 for i >= 2), token nt*8 + 2*q4 + (i & 1).
+  const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = nt * 8 + 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
+      if (t < T && n < N) out.store(t, n, acc[nt][i]);
+    }
+}
+
 // The block's results to out: directly without split-K, else through the partials (the last
 // block of the tile sums them). Every thread of the block calls it.
 template <int NT>
@@ -186,13 +201,7 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
   const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
   const int splits = gridDim.y, split = blockIdx.y;
   if (splits == 1) {
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int t = nt * 8 + 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
-        if (t < T && n < N) out.store(t, n, acc[nt][i]);
-      }
+    store_row_block<NT>(acc, out, T, N, rb, lane);
     return;
   }
   float* mine = partial + int64_t(split) * T * N;

@@ -209,14 +209,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
       }
 #pragma unroll
       for (int r = 0; r < kWideR; ++r)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int t = nt * 8 + 2 * q4 + (i & 1);
-            const int n = (tile * kWideTileBlocks + warp * kWideR + r) * 16 + g + (i >= 2 ? 8 : 0);
-            if (t < T && n < N) out.store(t, n, acc[r][nt][i]);
-          }
+        store_row_block<NT>(acc[r], out, T, N, tile * kWideTileBlocks + warp * kWideR + r, lane);
     }
 #pragma unroll
     for (int r = 0; r < kWideR; ++r)
