@@ -85,15 +85,22 @@ __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* sta
   }
   pdl_wait();  // launch.cuh: mixed comes from the kernels before
   pdl_trigger();
-  for (int t = q.t0; t < q.t0 + q.T; ++t) {
+  // Every token's input first, all loads in flight at once (a load a token, each waited for
+  // before the next, cost a verify-8 step 0.13 ms over a 1-token step in 48 launches).
+  float in[kConvShortChunk];
+#pragma unroll
+  for (int i = 0; i < kConvShortChunk; ++i) in[i] = i < q.T ? to_f32(mixed[int64_t(q.t0 + i) * C + c]) : 0.f;
+#pragma unroll
+  for (int i = 0; i < kConvShortChunk; ++i) {
+    if (i >= q.T) break;
 #pragma unroll
     for (int j = 0; j < kMaxShortK; ++j)
-      if (j == q.R) win[j] = to_f32(mixed[int64_t(t) * C + c]);
+      if (j == q.R) win[j] = in[i];
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxShortK; ++j)
       if (j < K) acc += wk[j] * win[j];
-    out[int64_t(t) * C + c] = to_bf16(silu_f(acc));
+    out[int64_t(q.t0 + i) * C + c] = to_bf16(silu_f(acc));
 #pragma unroll
     for (int j = 0; j + 1 < kMaxShortK; ++j)
       if (j < q.R) win[j] = win[j + 1];

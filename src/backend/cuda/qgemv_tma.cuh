@@ -166,6 +166,43 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
   return r;
 }
 
+// XSmem: the block's inputs for chunks [c_begin, c_end) of every token into x_smem (bf16
+// [T][x_stride]), gated on the way with G, by every thread in 16-byte pieces. Async (ungated
+// inputs beside the one-unit rings, 2-8 tokens): by cp.async, all of a thread's pieces in flight
+// at once, where a loop of one load and store a piece pays an L2 round trip per 256 pieces (C8
+// 8.19 against 8.25 ms, verify 8 7.82 against 7.93 on the H200: docs/perf/
+// 2026-12-01-s14-cuda-27b.md). The other forms keep that loop: the one-token rings have a piece
+// a thread (cp.async was 0.06 ms slower at C1), and gated inputs loaded in batches before their
+// gates gained nothing.
+template <GemvGate G, bool Async>
+__device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
+                                             __nv_bfloat16* x_smem, int x_stride, int T, int K, int c_begin,
+                                             int c_end) {
+  const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a token's row
+  const int total = T * row;
+  if constexpr (Async && G == GemvGate::kNone) {
+    // Piece i = t * row + e, advanced by the block's size without a division.
+    const int step = blockDim.x, dt = step / row, de = step % row;
+    int t = threadIdx.x / row, e = threadIdx.x % row;
+    for (int i = threadIdx.x; i < total; i += step) {
+      cp_async16(x_smem + t * x_stride + 8 * e, x + int64_t(t) * K + int64_t(c_begin) * kChunk + 8 * e);
+      t += dt;
+      e += de;
+      if (e >= row) e -= row, ++t;
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+  } else {
+    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+      const int t = i / row, e = i % row * 8;
+      const int64_t at = int64_t(t) * K + int64_t(c_begin) * kChunk + e;
+      uint4 v = __ldg(reinterpret_cast<const uint4*>(x + at));
+      if constexpr (G != GemvGate::kNone) v = gate8<G>(v, __ldg(reinterpret_cast<const uint4*>(xb + at)));
+      *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) = v;
+    }
+  }
+}
+
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
 // x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
@@ -209,15 +246,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
 
-  if constexpr (XSmem) {  // every thread copies
-    const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a row
-    for (int i = threadIdx.x; i < T * row; i += blockDim.x) {
-      const int t = i / row, e = i % row * 8;
-      const int64_t at = int64_t(t) * K + int64_t(c_begin) * kChunk + e;
-      uint4 v = __ldg(reinterpret_cast<const uint4*>(x + at));
-      if constexpr (G != GemvGate::kNone) v = gate8<G>(v, __ldg(reinterpret_cast<const uint4*>(xb + at)));
-      *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) = v;
-    }
+  if constexpr (XSmem) {
+    stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end);
     __syncthreads();
   }
   // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
