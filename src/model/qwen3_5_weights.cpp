@@ -245,13 +245,15 @@ class Loader {
     return w;
   }
   // The linears p + names[i] + ".weight" [rows[i], cols] of one input, fused where their storage
-  // agrees (and fusion is on); prepare_weight once per group weight.
+  // agrees (and fusion is on); prepare_weight once per group weight, as `role` for a group of
+  // every part (kGateUp: the MLP's gate and up) and kLinear otherwise.
   Result<FusedLinear> fused(const std::string& p, const std::vector<std::string>& names,
-                            const std::vector<int64_t>& rows, int64_t cols) {
+                            const std::vector<int64_t>& rows, int64_t cols, WeightRole role = WeightRole::kLinear) {
     std::vector<std::string> full;
     for (const std::string& n : names) full.push_back(p + n + ".weight");
     DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused(full, rows, cols, fuse_));
-    for (FusedLinear::Group& g : f.groups) ops_.prepare_weight(g.w, WeightRole::kLinear);
+    for (FusedLinear::Group& g : f.groups)
+      ops_.prepare_weight(g.w, g.n_parts == static_cast<int>(names.size()) ? role : WeightRole::kLinear);
     return f;
   }
   Result<Tensor> norm(const std::string& name, int64_t n) { return src_.f32(name, {n}, n, 0, ParamKind::kNorm1p); }
@@ -267,7 +269,7 @@ class Loader {
 
   Status mlp(const std::string& p, const ModelConfig& c, MlpWeights* m) {
     const int64_t H = c.hidden_size, I = c.intermediate_size;
-    DS_ASSIGN_OR_RETURN(m->gate_up, fused(p, {"gate_proj", "up_proj"}, {I, I}, H));
+    DS_ASSIGN_OR_RETURN(m->gate_up, fused(p, {"gate_proj", "up_proj"}, {I, I}, H, WeightRole::kGateUp));
     DS_ASSIGN_OR_RETURN(m->down_proj, lin(p + "down_proj.weight", H, I));
     return Status();
   }

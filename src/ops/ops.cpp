@@ -53,6 +53,12 @@ void Ops::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, T
   linear_weight(x, w, out);
 }
 
+void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out) {
+  const Tensor parts[2] = {gate, up};
+  linear_parts(x, w, parts);
+  silu_mul(gate, up, out);
+}
+
 void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
                                int state_layer, Tensor out) {
   const int64_t T = a.dim(0), Hv = a.dim(1);

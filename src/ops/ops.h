@@ -39,6 +39,10 @@ struct LinearWeight {
   int group_size = 0;  // > 0: quantized
   WeightFormat format = WeightFormat::kW4A16;
   int64_t rows = 0;  // N of the kW4A16Tiled form (its tensors are padded to 16-row blocks)
+  // kW4A16Tiled of a kGateUp weight [2I, K] (I % 8 == 0): 16-row block b holds rows [8b, 8b + 8)
+  // of the first half, then the same rows of the second, so a GEMV lane holds the gate and up
+  // values of one output (CudaOps::linear_swiglu).
+  bool paired = false;
   bool quantized() const { return group_size > 0; }
 };
 
@@ -46,7 +50,8 @@ struct LinearWeight {
 enum class GateAct : uint8_t { kSiluMul, kMulSigmoid };
 
 // What a weight is used for, so a backend can choose its storage (Ops::prepare_weight).
-enum class WeightRole : uint8_t { kLinear, kEmbedding, kLmHead };
+// kGateUp: the MLP's fused gate_up [2I, K], rows gate then up, used through linear_swiglu.
+enum class WeightRole : uint8_t { kLinear, kEmbedding, kLmHead, kGateUp };
 
 class Ops {
  public:
@@ -137,6 +142,11 @@ class Ops {
   // silu_mul or sigmoid_mul, then linear_weight; a may be overwritten. (CUDA gates the input while
   // its GEMV stages it in shared memory, where it can: once per block, not per warp.)
   virtual void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out);
+  // out act [T, I] = silu(gate) * up, where gate and up act [T, I] are the two halves of x act
+  // [T, K] . W^T for w [2I, K] (rows gate then up: the MLP's fused gate_up, WeightRole::kGateUp),
+  // each rounded to act first. The default runs linear_parts into gate and up, then silu_mul;
+  // a backend may never write them (CUDA's GEMV computes the product in its epilogue).
+  virtual void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out);
   // x act [R, D] += y act [R, D]
   virtual void add(Tensor x, Tensor y) = 0;
   // x += y, then out = rms_norm(x) (of the sum as stored in act): the residual add and the next

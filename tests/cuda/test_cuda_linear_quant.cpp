@@ -2,7 +2,8 @@
 // programmatic dependent launch) and the dequantise + cuBLAS path (whole and in blocks of rows)
 // on weights repacked by prepare_weight (signed scales, N not a multiple of 16, groups 64 to 512,
 // K ending on a short unit, and group 32, which is stored dequantised); gated linears (the input
-// gated inside the GEMV) against the separate kernels; the int8 group-128 lm_head (GEMV for
+// gated inside the GEMV) against the separate kernels; the MLP's gate_up with its SiLU gate in the
+// GEMV's epilogue (linear_swiglu); the int8 group-128 lm_head (GEMV for
 // T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against CpuOps' int8
 // twin. Figures: the streaming ceilings of the GEMVs' ways of reading weights, and timings at the
 // Qwen3.8-27B shapes. Skipped where there is no GPU.
@@ -97,7 +98,7 @@ struct W4Case {
   std::vector<float> dense;  // f32 [N, K]
 };
 
-W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group) {
+W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group, WeightRole role = WeightRole::kLinear) {
   std::vector<int32_t> packed(size_t(N) * K / 8);
   for (auto& w : packed) w = static_cast<int32_t>(rng());
   std::vector<float> scales = random_bf16(size_t(N) * K / group, rng, 0.02f);  // about half negative
@@ -111,7 +112,7 @@ W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group) {
   c.gpu_w.packed = gpu.upload(packed.data(), DType::kI32, {N, K / 8}, DType::kI32);
   c.gpu_w.scales = gpu.upload(scales.data(), DType::kF32, {N, K / group}, DType::kF32);
   c.gpu_w.group_size = group;
-  gpu.prepare_weight(c.gpu_w, WeightRole::kLinear);
+  gpu.prepare_weight(c.gpu_w, role);
   return c;
 }
 
@@ -218,6 +219,53 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
   }
 }
 
+// The MLP's gate_up (WeightRole::kGateUp, rows paired in each 16-row block where N % 16 == 0):
+// linear_swiglu's GEMV writes silu(gate) * up from its epilogue, bit for bit what linear_parts
+// and silu_mul give on the same weight, and both against the CPU, on the one-warp blocks
+// (N 34816, the 27B's, K not split), split K (N 400, the last block's sums), the wide kernel
+// (9-64 tokens), the register kernel, the cuBLAS path (200 tokens), and N 200 (not paired).
+TEST_F(CudaLinearQuantTest, W4A16SwigluMatchesCpu) {
+  const GemvSettingsRestored restore;
+  struct Shape {
+    int N, K;
+    bool paired;
+  };
+  for (const Shape& sh : {Shape{34816, 256, true}, Shape{400, 1024, true}, Shape{200, 512, false}}) {
+    const int N = sh.N, K = sh.K, I = N / 2;
+    W4Case c = make_w4(*gpu, rng, N, K, 128, WeightRole::kGateUp);
+    EXPECT_EQ(c.gpu_w.paired, sh.paired) << "N " << N;
+    LinearWeight w_cpu;
+    w_cpu.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+    for (int T : {1, 3, 8, 9, 40, 64, 200}) {
+      const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T);
+      const std::vector<float> x = random_bf16(size_t(T) * K, rng);
+      Tensor oc = cpu.scratch(DType::kF32, {T, I});
+      Tensor gc = cpu.scratch(DType::kF32, {T, I}), uc = cpu.scratch(DType::kF32, {T, I});
+      cpu.linear_swiglu(cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32), w_cpu, gc, uc, oc);
+      const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+      const std::vector<float> ref_gate(gc.f32(), gc.f32() + gc.numel()), ref_up(uc.f32(), uc.f32() + uc.numel());
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+      for (int kernel : {0, 1}) {  // the TMA kernels (wide from 9 tokens), the register kernel
+        cuda::set_w4a16_gemv_tma(kernel == 0);
+        const std::string how = what + (kernel == 0 ? " tma" : " regs");
+        Tensor fused = gpu->scratch(DType::kBF16, {T, I}), apart = gpu->scratch(DType::kBF16, {T, I});
+        Tensor gate = gpu->scratch(DType::kBF16, {T, I}), up = gpu->scratch(DType::kBF16, {T, I});
+        gpu->linear_swiglu(xg, c.gpu_w, gate, up, fused);
+        const Tensor parts[2] = {gate, up};
+        gpu->linear_parts(xg, c.gpu_w, parts);
+        EXPECT_LE(rel_rms(download(gate), ref_gate), 5e-3) << how << " gate";
+        EXPECT_LE(rel_rms(download(up), ref_up), 5e-3) << how << " up";
+        gpu->silu_mul(gate, up, apart);
+        const std::vector<float> got = download(fused);
+        EXPECT_EQ(got, download(apart)) << how;
+        EXPECT_LE(rel_rms(got, ref), 5e-3) << how;
+      }
+      gpu->reset_scratch();
+      cpu.reset_scratch();
+    }
+  }
+}
+
 // Gated linears (Ops::gated_linear: silu(a) * b or a * sigmoid(b), then the linear): the CUDA GEMV
 // gates its input while staging it, bit for bit what silu_mul / sigmoid_mul and the plain GEMV
 // give; T 20 takes the separate kernels. Both against the CPU.
@@ -297,6 +345,24 @@ TEST_F(CudaLinearQuantTest, W4A16DequantInRowBlocks) {
       ref.insert(ref.end(), oc.f32() + size_t(t) * N + r0, oc.f32() + size_t(t) * N + r0 + widths[p]);
     small.download_f32(parts[p], got.data());
     EXPECT_LE(rel_rms(got, ref), 5e-3) << "part " << p;
+  }
+  // A paired gate_up weight (N 1040 in blocks of 128 rows and a last one of 16): each block is
+  // dequantised as its rows of the two halves.
+  const int NP = 1040;
+  small.reset_scratch();
+  W4Case pc = make_w4(small, rng, NP, K, 128, WeightRole::kGateUp);
+  ASSERT_TRUE(pc.gpu_w.paired);
+  Tensor pw_cpu = cpu.upload(pc.dense.data(), DType::kF32, {NP, K}, DType::kF32);
+  Tensor pref = cpu.scratch(DType::kF32, {T, NP});
+  cpu.linear(xc, pw_cpu, pref);
+  const Tensor halves[2] = {small.scratch(DType::kBF16, {T, NP / 2}), small.scratch(DType::kBF16, {T, NP / 2})};
+  small.linear_parts(xg, pc.gpu_w, halves);
+  for (int p = 0; p < 2; ++p) {
+    std::vector<float> ref, got(halves[p].numel());
+    for (int t = 0; t < T; ++t)
+      ref.insert(ref.end(), pref.f32() + size_t(t) * NP + p * NP / 2, pref.f32() + size_t(t) * NP + (p + 1) * NP / 2);
+    small.download_f32(halves[p], got.data());
+    EXPECT_LE(rel_rms(got, ref), 5e-3) << "paired half " << p;
   }
 }
 

@@ -198,17 +198,21 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
     }
     // i32 [16-row blocks, words of a block], the scales inside (w4a16.cu)
     Tensor tiled = alloc(DType::kI32, {(N + 15) / 16, cuda::w4a16_tiled_block_words(K, group)});
+    // A gate_up weight pairs its halves' rows in each block (linear_swiglu) where they fill whole blocks.
+    const bool paired = role == WeightRole::kGateUp && N % 16 == 0;
     cuda::launch_w4a16_repack(static_cast<const uint32_t*>(w.packed.data), F(w.scales),
-                              static_cast<uint32_t*>(tiled.data), N, K, group, impl_->stream);
+                              static_cast<uint32_t*>(tiled.data), N, K, group, paired, impl_->stream);
     free_weight(w.packed);
     free_weight(w.scales);
     w.packed = tiled;
     w.scales = Tensor{};
     w.format = WeightFormat::kW4A16Tiled;
     w.rows = N;
+    w.paired = paired;
     return;
   }
-  if (role == WeightRole::kLinear || !options_.int8_vocab || w.dense.dim(1) % 128 != 0) return;
+  const bool vocab = role == WeightRole::kEmbedding || role == WeightRole::kLmHead;
+  if (!vocab || !options_.int8_vocab || w.dense.dim(1) % 128 != 0) return;
   expect_bf16(w.dense, "vocabulary table");
   const int64_t V = w.dense.dim(0);
   const int H = static_cast<int>(w.dense.dim(1));
@@ -400,6 +404,15 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
                cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)), nullptr, cuda::GemvGate::kNone);
 }
 
+namespace {
+
+// Steps of up to w4a16_gemv_step_tokens() tokens take the W4A16 GEMV in slices of up to
+// w4a16_gemv_tokens() tokens (weights read once per slice); longer ones dequantise + cuBLAS,
+// which moves about 9x the weight bytes but runs on tensor cores at full rate.
+bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda::w4a16_gemv_step_tokens(); }
+
+}  // namespace
+
 void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool after_same_input) {
   // Tiled W4A16 cannot be cut into row views: one GEMV writes every part. Small dense weights
   // (GDN b + a at decode) take one small-GEMV launch; other dense ones, and single parts, the
@@ -408,6 +421,8 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   const bool tiled = w.quantized() && w.format == WeightFormat::kW4A16Tiled;
   const bool small = !w.quantized() && cuda::small_gemv_supported(x.data, w.dense.data, T,
                                                                   static_cast<int>(w.dense.dim(0)), K);
+  DS_ASSERT(!w.paired || (outs.size() == 2 && outs[0].dim(1) == outs[1].dim(1)),
+            "a paired W4A16 weight (gate_up) is read as its two halves, not %zu parts", outs.size());
   if (outs.size() == 1 || outs.size() > size_t(cuda::kGemvMaxParts) || !(tiled || small)) {
     Ops::linear_parts(x, w, outs);
     return;
@@ -421,7 +436,14 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
     o.rows[i] = static_cast<int>(outs[i].dim(1));
   }
   o.n_parts = static_cast<int>(outs.size());
-  if (tiled) {
+  if (tiled && w.paired && w4a16_takes_gemv(T)) {  // the GEMV writes the paired rows, one kernel parts them
+    const size_t mark = scratch_mark();
+    Tensor rows = scratch(DType::kBF16, {T, w.rows});
+    linear_w4a16(B(x), T, K, w, cuda::GemvOut::whole(B(rows), static_cast<int>(w.rows)), nullptr,
+                 cuda::GemvGate::kNone);
+    cuda::launch_paired_rows(B(rows), o.ptr[0], o.ptr[1], T, o.rows[0], false, impl_->stream);
+    scratch_release(mark);
+  } else if (tiled) {
     linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
   } else {
     expect_bf16(w.dense, "linear_parts weight");
@@ -429,15 +451,6 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
                             after_same_input);
   }
 }
-
-namespace {
-
-// Steps of up to w4a16_gemv_step_tokens() tokens take the W4A16 GEMV in slices of up to
-// w4a16_gemv_tokens() tokens (weights read once per slice); longer ones dequantise + cuBLAS,
-// which moves about 9x the weight bytes but runs on tensor cores at full rate.
-bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda::w4a16_gemv_step_tokens(); }
-
-}  // namespace
 
 void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
   // A W4A16 GEMV whose launch stages its input in shared memory gates it there (w4a16.cu).
@@ -455,6 +468,31 @@ void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& 
             a.shape_str().c_str(), b.shape_str().c_str(), out.shape_str().c_str(), static_cast<long long>(w.rows));
   linear_w4a16(B(a), T, K, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)), B(b),
                act == GateAct::kSiluMul ? cuda::GemvGate::kSiluMul : cuda::GemvGate::kMulSigmoid);
+}
+
+void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out) {
+  // A paired weight's GEMV computes silu(gate) * up in its epilogue up to kGemvSwigluMaxTokens
+  // tokens, and above writes its rows for one kernel to take the product; the cuBLAS path of long
+  // inputs and other weights take the default (gate and up, then silu_mul).
+  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
+  if (!(w.quantized() && w.format == WeightFormat::kW4A16Tiled && w.paired && w4a16_takes_gemv(T))) {
+    Ops::linear_swiglu(x, w, gate, up, out);
+    return;
+  }
+  expect_bf16(x, "linear_swiglu x");
+  expect_bf16(out, "linear_swiglu out");
+  const int N = static_cast<int>(w.rows);
+  DS_ASSERT(out.ndim == 2 && out.dim(0) == T && out.dim(1) == N / 2, "linear_swiglu: out %s for x%s and %d rows",
+            out.shape_str().c_str(), x.shape_str().c_str(), N);
+  if (T <= cuda::kGemvSwigluMaxTokens) {
+    linear_w4a16(B(x), T, K, w, cuda::GemvOut::swiglu_of(B(out), N), nullptr, cuda::GemvGate::kNone);
+    return;
+  }
+  const size_t mark = scratch_mark();
+  Tensor rows = scratch(DType::kBF16, {T, N});
+  linear_w4a16(B(x), T, K, w, cuda::GemvOut::whole(B(rows), N), nullptr, cuda::GemvGate::kNone);
+  cuda::launch_paired_rows(B(rows), B(out), nullptr, T, N / 2, true, impl_->stream);
+  scratch_release(mark);
 }
 
 void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out,
@@ -478,13 +516,22 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
     }
   } else {
     // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each
-    // block's rows go to the parts they belong to.
+    // block's rows go to the parts they belong to (a paired weight's block of n rows: n / 2 rows of
+    // each half, dequantised as the two halves).
+    DS_ASSERT(!out.swiglu && (!w.paired || (out.n_parts == 2 && out.rows[0] == out.rows[1])),
+              "the cuBLAS path of a paired W4A16 weight writes its two halves");
     const int rows = dequant_block_rows(N, K);
     Tensor dense = scratch(DType::kBF16, {rows, K});
     const int64_t block_words = w.packed.dim(1);  // rows is a multiple of 16
     for (int r0 = 0; r0 < N; r0 += rows) {
       const int n = std::min(rows, N - r0);
-      cuda::launch_w4a16_dequant(tiled + r0 / 16 * block_words, B(dense), n, K, w.group_size, impl_->stream);
+      cuda::launch_w4a16_dequant(tiled + r0 / 16 * block_words, B(dense), n, K, w.group_size, w.paired,
+                                 impl_->stream);
+      if (w.paired) {
+        for (int p = 0; p < 2; ++p)
+          gemm(x, B(dense) + int64_t(p) * (n / 2) * K, out.ptr[p] + r0 / 2, T, n / 2, K, out.rows[p]);
+        continue;
+      }
       for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p) {
         const int lo = std::max(r0, row0), hi = std::min(r0 + n, row0 + out.rows[p]);  // the part's rows here
         if (lo < hi) gemm(x, B(dense) + int64_t(lo - r0) * K, out.ptr[p] + (lo - row0), T, hi - lo, K, out.rows[p]);

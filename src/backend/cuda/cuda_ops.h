@@ -85,6 +85,7 @@ class CudaOps final : public Ops {
   void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
   void sigmoid_mul(Tensor x, Tensor gate) override;
   void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) override;
+  void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out) override;
   void concat_cols(Tensor a, Tensor b, Tensor out) override;
   bool supports_sample() const override { return true; }
   void sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) override;

@@ -181,6 +181,23 @@ __global__ void silu_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int
     out[i] = to_bf16(silu_f(to_f32(gate[i])) * to_f32(up[i]));
 }
 
+// One thread per output element i = t * half + c of launch_paired_rows.
+__global__ void paired_rows_kernel(const bf16* in, bf16* a, bf16* b, int half, int64_t n, bool swiglu) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / half;
+    const int c = static_cast<int>(i % half);
+    const bf16* pair = in + t * 2 * half + (c / 8) * 16 + c % 8;  // gate; up 8 columns on
+    if (swiglu) {
+      a[i] = to_bf16(silu_f(to_f32(pair[0])) * to_f32(pair[8]));
+    } else {
+      a[i] = pair[0];
+      b[i] = pair[8];
+    }
+  }
+}
+
 __global__ void sigmoid_mul_kernel(bf16* x, const bf16* gate, int64_t n) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
@@ -357,6 +374,13 @@ void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t s) {
 void launch_silu_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   launch_kernel("silu_mul", silu_mul_kernel, blocks_for(n), kThreads, 0, s, gate, up, out, n);
+}
+
+void launch_paired_rows(const bf16* in, bf16* a, bf16* b, int T, int half, bool swiglu, cudaStream_t s) {
+  DS_ASSERT(half % 8 == 0, "paired rows: half %d is not a multiple of 8", half);
+  const int64_t n = int64_t(T) * half;
+  if (n == 0) return;
+  launch_kernel("paired_rows", paired_rows_kernel, blocks_for(n), kThreads, 0, s, in, a, b, half, n, swiglu);
 }
 
 void launch_sigmoid_mul(bf16* x, const bf16* gate, int64_t n, cudaStream_t s) {

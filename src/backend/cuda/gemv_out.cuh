@@ -14,11 +14,13 @@
 namespace ds::cuda {
 
 // Where output row n of token t is stored: part p holds rows [end[p - 1], end[p]) (end[-1] = 0)
-// as bf16 [T, end[p] - end[p - 1]]; n_parts 1 is a plain [T, N] output.
+// as bf16 [T, end[p] - end[p - 1]]; n_parts 1 is a plain [T, N] output. swiglu (GemvOut::swiglu,
+// a paired weight): only silu(gate) * up of each pair of rows, bf16 [T, N / 2] (store_swiglu).
 struct OutParts {
   __nv_bfloat16* ptr[kGemvMaxParts];
   int end[kGemvMaxParts];
   int n_parts;
+  __nv_bfloat16* swiglu;
 
   __device__ __forceinline__ void store(int t, int n, float v) const {
     __nv_bfloat16* base = ptr[0];
@@ -31,6 +33,11 @@ struct OutParts {
         width = end[p] - end[p - 1];
       }
     base[int64_t(t) * width + (n - begin)] = to_bf16(v);
+  }
+  // swiglu[t, col] = silu(gate) * up of the pair's fp32 sums, each rounded to bf16 first (as the
+  // GEMV's parts and then launch_silu_mul would give).
+  __device__ __forceinline__ void store_swiglu(int t, int col, float gate, float up) const {
+    swiglu[int64_t(t) * (end[0] / 2) + col] = to_bf16(silu_f(to_f32(to_bf16(gate))) * to_f32(to_bf16(up)));
   }
 };
 
@@ -46,6 +53,8 @@ inline OutParts out_parts(const GemvOut& o, int N) {
   }
   p.n_parts = o.n_parts;
   DS_ASSERT(end == N, "GEMV output parts hold %d rows, the weight %d", end, N);
+  p.swiglu = o.swiglu;
+  DS_ASSERT(!o.swiglu || (o.n_parts == 1 && N % 16 == 0), "a GEMV's swiglu output: %d parts, N %d", o.n_parts, N);
   return p;
 }
 

@@ -28,6 +28,10 @@ void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* o
 void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t s);
 // out = silu(gate) * up (n elements)
 void launch_silu_mul(const bf16* gate, const bf16* up, bf16* out, int64_t n, cudaStream_t s);
+// in bf16 [T, 2 half]: a paired weight's GEMV output in its tiled row order (column 16 b + r is
+// row 8 b + r of gate for r < 8, row 8 b + r - 8 of up else). With swiglu: a bf16 [T, half] =
+// silu(gate) * up (as launch_silu_mul), else a = gate and b = up, bf16 [T, half] each.
+void launch_paired_rows(const bf16* in, bf16* a, bf16* b, int T, int half, bool swiglu, cudaStream_t s);
 // x *= sigmoid(gate) (n elements)
 void launch_sigmoid_mul(bf16* x, const bf16* gate, int64_t n, cudaStream_t s);
 // out bf16 [n_rows, H] = x bf16 [*, H] [rows i32 [n_rows]]
@@ -64,11 +68,16 @@ constexpr int kInt8GemvMaxTokens = 64;
 constexpr int kGemvMaxParts = 4;
 
 // Where a GEMV's N output rows go: part p is bf16 [T, rows[p]] at ptr[p] and holds the next
-// rows[p] rows (a fused weight, Ops::linear_parts); one part is a plain [T, N] output.
+// rows[p] rows (a fused weight, Ops::linear_parts); one part is a plain [T, N] output (for a paired
+// weight, LinearWeight::paired, in its tiled row order: launch_paired_rows). swiglu (a paired
+// weight, W4A16 launches of up to kGemvSwigluMaxTokens tokens, their one token tile): the GEMV
+// writes only bf16 [T, N / 2] = silu(gate) * up of each pair, each rounded to bf16 first.
+constexpr int kGemvSwigluMaxTokens = 8;
 struct GemvOut {
   bf16* ptr[kGemvMaxParts] = {};
   int rows[kGemvMaxParts] = {};
   int n_parts = 0;
+  bf16* swiglu = nullptr;
 
   static GemvOut whole(bf16* out, int N) {
     GemvOut o;
@@ -77,10 +86,17 @@ struct GemvOut {
     o.n_parts = 1;
     return o;
   }
+  static GemvOut swiglu_of(bf16* out, int N) {
+    GemvOut o = whole(nullptr, N);
+    o.swiglu = out;
+    return o;
+  }
   // The same parts from token t0 on.
   GemvOut from_token(int t0) const {
     GemvOut o = *this;
-    for (int p = 0; p < n_parts; ++p) o.ptr[p] += int64_t(t0) * rows[p];
+    for (int p = 0; p < n_parts; ++p)
+      if (ptr[p]) o.ptr[p] += int64_t(t0) * rows[p];
+    if (swiglu) o.swiglu += int64_t(t0) * (rows[0] / 2);
     return o;
   }
 };
@@ -144,8 +160,9 @@ double stream_probe_gbps(const StreamProbe& p);
 // Tiled: u32 [ceil(N/16), w4a16_tiled_block_words(K, group)], scales inside.
 bool w4a16_tiled_supports(int K, int group);  // group a power of two >= 64 dividing K
 int64_t w4a16_tiled_block_words(int K, int group);  // u32 words of one 16-row block
+// paired (N % 16 == 0): tiled row block b takes rows [8b, 8b + 8) of each half (LinearWeight::paired).
 void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, int N, int K, int group,
-                         cudaStream_t s);
+                         bool paired, cudaStream_t s);
 int w4a16_gemv_splits(int T, int N, int K);
 // The input gate a W4A16 GEMV may apply while it stages its input: x_gated = silu(x) * xb
 // (kSiluMul) or x * sigmoid(xb) (kMulSigmoid), rounded to bf16 as launch_silu_mul/sigmoid_mul do.
@@ -158,8 +175,9 @@ bool w4a16_gemv_gates_input(int T, int N, int K, int group);
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
                        GemvGate gate = GemvGate::kNone);
-// w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T)
-void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, cudaStream_t s);
+// w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T). paired (N % 16 == 0): the
+// rows of a paired weight's blocks as the two halves, w [0, N/2) and [N/2, N).
+void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, bool paired, cudaStream_t s);
 
 // Int8 group-128 rows (ops/int8_rows.h): w bf16 [rows, H] -> q i8 [rows, H], scales f32 [rows, H/128]
 void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s);

@@ -176,12 +176,25 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
   }
 }
 
-// A warp's accumulators of row block rb to out (those of tokens below T and rows below N).
+// A warp's accumulators of row block rb to out (those of tokens below T and rows below N). With
+// out.swiglu (a paired weight, one token tile) rows g and g + 8 are the gate and up of output
+// 8 rb + g.
 template <int NT>
 __device__ __forceinline__ void store_row_block(const float (&acc)[NT][4], const OutParts& out, int T, int N, int rb,
                                                 int lane) {
   // Accumulator i of tile nt: row rb*16 + g (+8 for i >= 2), token nt*8 + 2*q4 + (i & 1).
   const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
+  // One tile only (kGemvSwigluMaxTokens): in the 8-tile kernels the code cost registers and spills.
+  if constexpr (NT == 1) {
+    if (out.swiglu) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int t = 2 * q4 + i;
+        if (t < T && row < N) out.store_swiglu(t, rb * 8 + g, acc[0][i], acc[0][i + 2]);
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -220,12 +233,25 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
   __syncthreads();
   if (!is_last) return;
   const int n0 = blockIdx.x * kTileRows;
-  for (int i = threadIdx.x; i < T * kTileRows; i += blockDim.x) {
-    const int t = i / kTileRows, n = n0 + i % kTileRows;
-    if (n >= N) continue;
+  // The split sums of row n0 + r of token t (the other blocks' partials after the acquire).
+  auto sum_of = [&](int t, int n) {
     float s = 0.f;
     for (int sp = 0; sp < splits; ++sp) s += __ldcg(partial + (int64_t(sp) * T + t) * N + n);
-    out.store(t, n, s);
+    return s;
+  };
+  if constexpr (NT == 1) {
+    if (out.swiglu) {  // a thread a pair: rows n and n + 8 of a 16-row block
+      for (int i = threadIdx.x; i < T * kTileRows / 2; i += blockDim.x) {
+        const int t = i / (kTileRows / 2), j = i % (kTileRows / 2), n = n0 + (j / 8) * 16 + j % 8;
+        if (n < N) out.store_swiglu(t, n0 / 2 + j, sum_of(t, n), sum_of(t, n + 8));
+      }
+      if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+      return;
+    }
+  }
+  for (int i = threadIdx.x; i < T * kTileRows; i += blockDim.x) {
+    const int t = i / kTileRows, n = n0 + i % kTileRows;
+    if (n < N) out.store(t, n, sum_of(t, n));
   }
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
 }

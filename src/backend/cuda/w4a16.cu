@@ -11,6 +11,9 @@
 //     b = 64c + 16q + 4j, nibble r (r = 0..3) of word j holds W[16rb + g + 8(r&1)][b + 2(r>>1)] and
 //     nibble r + 4 the next column (both as q + 8), so `(word >> 4r) & 0x000F000F` is A register r
 //     as a pair. Rows past N hold q = 0 and scale 0.
+//   A paired weight (the MLP's gate_up, WeightRole::kGateUp) puts rows [8rb, 8rb + 8) of its first
+//   half in rows g and rows [8rb, 8rb + 8) of its second in rows g + 8, so a lane's accumulators
+//   hold the gate and up value of the same output and the GEMV writes silu(gate) * up.
 // So one warp's stage of the copy-unit GEMV is one contiguous copy (2,176 bytes a unit at group 128).
 // Small T (decode, verify; up to 64 per launch) runs a tensor-core GEMV streaming the weights
 // once for all tokens, fed by the copy unit (qgemv_tma.cuh; 9 to 64 tokens with the inputs shared
@@ -57,10 +60,16 @@ W4Tiled tiled_weight(const uint32_t* tiled, int K, int group) {
                  us.slot_shift};
 }
 
+// The row of the source (repack) or of the dequantised output (dequant) that tiled row r holds:
+// r, or for a paired weight of halves of pair_half rows row 8 (r / 16) + r % 8 of half (r / 8) % 2.
+__device__ __forceinline__ int64_t logical_row(int64_t r, int pair_half) {
+  return pair_half == 0 ? r : ((r >> 3) & 1) * pair_half + (r >> 4) * 8 + (r & 7);
+}
+
 // One thread per chunk word; index i = ((rb * n_chunks + c) * 32 + lane) * 4 + j. tiled: the
 // buffer of w (w gives the geometry).
 __global__ void w4a16_repack_kernel(const uint32_t* packed, W4Tiled w, unsigned char* tiled, int64_t n_words, int N,
-                                    int K) {
+                                    int K, int pair_half) {
   const int n_chunks = K / 64;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
     const int j = static_cast<int>(i % 4), lane = static_cast<int>((i / 4) % 32);
@@ -72,7 +81,8 @@ __global__ void w4a16_repack_kernel(const uint32_t* packed, W4Tiled w, unsigned 
     uint32_t out = 0;
     for (int half = 0; half < 2; ++half) {  // row g, then row g + 8
       const int64_t row = rb * 16 + lane / 4 + 8 * half;
-      const uint32_t src = row < N ? packed[row * (K / 8) + src_word] >> shift : 0x8888u;  // 8: q = 0
+      const uint32_t src = row < N ? packed[logical_row(row, pair_half) * (K / 8) + src_word] >> shift
+                                   : 0x8888u;  // 8: q = 0
       for (int m = 0; m < 4; ++m) {  // column b + m -> nibble (m & 1) * 4 + (m >> 1) * 2 + half
         const int nib = (m & 1) * 4 + (m >> 1) * 2 + half;
         out |= ((src >> (4 * m)) & 15u) << (4 * nib);
@@ -86,7 +96,7 @@ __global__ void w4a16_repack_kernel(const uint32_t* packed, W4Tiled w, unsigned 
 
 // One thread per scale; index i = (((rb * n_units + u) * slots + slot) * 8 + g) * 2 + half.
 __global__ void w4a16_repack_scales_kernel(const float* scales, W4Tiled w, unsigned char* tiled, int64_t n, int N,
-                                           int group_shift) {
+                                           int group_shift, int pair_half) {
   const int n_groups = w.n_chunks >> group_shift;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int half = static_cast<int>(i % 2), g = static_cast<int>((i / 2) % 8);
@@ -94,13 +104,13 @@ __global__ void w4a16_repack_scales_kernel(const float* scales, W4Tiled w, unsig
     const int64_t rb = i / (16 * int64_t(w.slots) * w.n_units);
     const int64_t row = rb * 16 + g + 8 * half;
     const int c = u * qgemv::kUnitChunks + (slot << w.slot_shift);  // the slot's first chunk
-    const float v = row < N && c < w.n_chunks ? scales[row * n_groups + (c >> group_shift)] : 0.f;
+    const float v = row < N && c < w.n_chunks ? scales[logical_row(row, pair_half) * n_groups + (c >> group_shift)] : 0.f;
     reinterpret_cast<float*>(tiled + w.unit_offset(static_cast<int>(rb), u))[slot * 16 + g * 2 + half] = v;
   }
 }
 
 // One thread per chunk word: 8 bf16 weights, 4 in row g and 4 in row g + 8.
-__global__ void w4a16_dequant_kernel(W4Tiled w, bf16* out, int64_t n_words, int N, int K) {
+__global__ void w4a16_dequant_kernel(W4Tiled w, bf16* out, int64_t n_words, int N, int K, int pair_half) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n_words; i += int64_t(gridDim.x) * blockDim.x) {
     const int j = static_cast<int>(i % 4), lane = static_cast<int>((i / 4) % 32);
     const int c = static_cast<int>((i / 128) % w.n_chunks);
@@ -117,7 +127,8 @@ __global__ void w4a16_dequant_kernel(W4Tiled w, bf16* out, int64_t n_words, int 
       const float s = slot[(lane / 4) * 2 + half];
       for (int m = 0; m < 4; ++m) {
         const int nib = (m & 1) * 4 + (m >> 1) * 2 + half;
-        out[row * K + b + m] = to_bf16(static_cast<float>(static_cast<int>((word >> (4 * nib)) & 15u) - 8) * s);
+        out[logical_row(row, pair_half) * K + b + m] =
+            to_bf16(static_cast<float>(static_cast<int>((word >> (4 * nib)) & 15u) - 8) * s);
       }
     }
   }
@@ -143,19 +154,22 @@ bool w4a16_tiled_supports(int K, int group) {
 int64_t w4a16_tiled_block_words(int K, int group) { return int64_t(units_of(K)) * UnitShape(group).bytes / 4; }
 
 void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* tiled, int N, int K, int group,
-                         cudaStream_t s) {
+                         bool paired, cudaStream_t s) {
   DS_ASSERT(w4a16_tiled_supports(K, group), "W4A16 tiles need a power-of-two group >= 64 dividing K (K %d, group %d)",
             K, group);
+  DS_ASSERT(!paired || N % 16 == 0, "a paired W4A16 weight needs N %% 16 == 0 (N %d)", N);
+  const int pair_half = paired ? N / 2 : 0;
   const W4Tiled w = tiled_weight(tiled, K, group);
   const int64_t nb = (N + 15) / 16;
   // The short last unit's missing chunks are never read, but zeroed all the same.
   CUDA_CHECK(cudaMemsetAsync(tiled, 0, nb * w4a16_tiled_block_words(K, group) * 4, s));
   const int64_t n_words = nb * (K / 64) * 128;
   auto* bytes = reinterpret_cast<unsigned char*>(tiled);
-  w4a16_repack_kernel<<<grid_for(n_words), 256, 0, s>>>(packed, w, bytes, n_words, N, K);
+  w4a16_repack_kernel<<<grid_for(n_words), 256, 0, s>>>(packed, w, bytes, n_words, N, K, pair_half);
   cuda_check_launch("w4a16_repack", s);
   const int64_t n_scales = nb * w.n_units * w.slots * 16;
-  w4a16_repack_scales_kernel<<<grid_for(n_scales), 256, 0, s>>>(scales, w, bytes, n_scales, N, log2_exact(group / 64));
+  w4a16_repack_scales_kernel<<<grid_for(n_scales), 256, 0, s>>>(scales, w, bytes, n_scales, N, log2_exact(group / 64),
+                                                                 pair_half);
   cuda_check_launch("w4a16_repack_scales", s);
 }
 
@@ -331,6 +345,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   // Whether the inputs fit in shared memory to be gated there is launch_tma's check.
   DS_ASSERT(gate == GemvGate::kNone || (xb && w4a16_gemv_tma()),
             "W4A16 GEMV: a gated input needs its second input and the TMA kernel (T %d, N %d, K %d)", T, N, K);
+  DS_ASSERT(!out.swiglu || T <= kGemvSwigluMaxTokens, "W4A16 GEMV: a swiglu output at %d tokens a launch", T);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
   if (takes_wide(T)) {
@@ -351,9 +366,11 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   });
 }
 
-void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, cudaStream_t s) {
+void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, bool paired, cudaStream_t s) {
+  DS_ASSERT(!paired || N % 16 == 0, "dequantising a paired W4A16 weight takes whole 16-row blocks (N %d)", N);
   const int64_t n_words = int64_t((N + 15) / 16) * (K / 64) * 128;
-  w4a16_dequant_kernel<<<grid_for(n_words), 256, 0, s>>>(tiled_weight(tiled, K, group), w, n_words, N, K);
+  w4a16_dequant_kernel<<<grid_for(n_words), 256, 0, s>>>(tiled_weight(tiled, K, group), w, n_words, N, K,
+                                                         paired ? N / 2 : 0);
   cuda_check_launch("w4a16_dequant", s);
 }
 
