@@ -471,9 +471,10 @@ void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& 
 }
 
 void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out) {
-  // A paired weight's GEMV computes silu(gate) * up in its epilogue up to kGemvSwigluMaxTokens
-  // tokens, and above writes its rows for one kernel to take the product; the cuBLAS path of long
-  // inputs and other weights take the default (gate and up, then silu_mul).
+  // A paired weight's GEMV computes silu(gate) * up in its epilogue where its launches take one
+  // token tile (w4a16_gemv_writes_swiglu), else writes its rows for one kernel to take the
+  // product; the cuBLAS path of long inputs and other weights take the default (gate and up, then
+  // silu_mul).
   const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
   if (!(w.quantized() && w.format == WeightFormat::kW4A16Tiled && w.paired && w4a16_takes_gemv(T))) {
     Ops::linear_swiglu(x, w, gate, up, out);
@@ -484,7 +485,7 @@ void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor
   const int N = static_cast<int>(w.rows);
   DS_ASSERT(out.ndim == 2 && out.dim(0) == T && out.dim(1) == N / 2, "linear_swiglu: out %s for x%s and %d rows",
             out.shape_str().c_str(), x.shape_str().c_str(), N);
-  if (T <= cuda::kGemvSwigluMaxTokens) {
+  if (cuda::w4a16_gemv_writes_swiglu(std::min(T, cuda::w4a16_gemv_tokens()))) {  // the largest launch
     linear_w4a16(B(x), T, K, w, cuda::GemvOut::swiglu_of(B(out), N), nullptr, cuda::GemvGate::kNone);
     return;
   }

@@ -170,6 +170,8 @@ enum class GemvGate : int { kNone, kSiluMul, kMulSigmoid };
 // Whether T tokens take one launch that can gate its input (the TMA GEMV, T <= 8 and within
 // w4a16_gemv_tokens, its inputs in shared memory).
 bool w4a16_gemv_gates_input(int T, int N, int K, int group);
+// Whether a W4A16 GEMV launch of T tokens can write a swiglu output (GemvOut: one token tile).
+bool w4a16_gemv_writes_swiglu(int T);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
 // With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input.
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,

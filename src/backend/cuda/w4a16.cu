@@ -329,6 +329,8 @@ int w4a16_gemv_splits(int T, int N, int K) {
   return qgemv::choose_splits(resident, T, N, K, kGemvMaxSplitTiles);
 }
 
+bool w4a16_gemv_writes_swiglu(int T) { return T <= kGemvSwigluMaxTokens && !takes_wide(T); }
+
 bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
   return T >= 1 && T <= 8 && T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && g_x_smem &&
          w4a16_tiled_supports(K, group) &&
@@ -345,7 +347,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   // Whether the inputs fit in shared memory to be gated there is launch_tma's check.
   DS_ASSERT(gate == GemvGate::kNone || (xb && w4a16_gemv_tma()),
             "W4A16 GEMV: a gated input needs its second input and the TMA kernel (T %d, N %d, K %d)", T, N, K);
-  DS_ASSERT(!out.swiglu || T <= kGemvSwigluMaxTokens, "W4A16 GEMV: a swiglu output at %d tokens a launch", T);
+  DS_ASSERT(!out.swiglu || w4a16_gemv_writes_swiglu(T), "W4A16 GEMV: a swiglu output at %d tokens a launch", T);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
   if (takes_wide(T)) {
