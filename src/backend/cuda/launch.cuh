@@ -28,22 +28,36 @@ inline int raise_dynamic_smem_limit(const void* kernel) {
   return limit;
 }
 
+// carveout: the launch's preferred shared-memory share of an SM's L1/shared memory in percent
+// (cudaLaunchAttributePreferredSharedMemoryCarveout), or -1 to leave it to the driver.
 template <class... Params, class... Args>
-void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
-                   Args&&... args) {
+void launch_kernel_carveout(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                            int carveout, cudaStream_t s, Args&&... args) {
   if (kernel_skipped(name)) return;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cudaLaunchAttribute attrs[2] = {};
+  int n = 0;
+  if (pdl_enabled()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (carveout >= 0) {
+    attrs[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attrs[n++].val.sharedMemCarveout = static_cast<unsigned>(carveout);
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
   cuda_check_launch(name, s);
+}
+template <class... Params, class... Args>
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   Args&&... args) {
+  launch_kernel_carveout(name, kernel, grid, block, smem, -1, s, std::forward<Args>(args)...);
 }
 
 }  // namespace ds::cuda

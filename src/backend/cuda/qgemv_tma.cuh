@@ -58,10 +58,28 @@ inline int tma_narrow_warps() {
   }();
   return n;
 }
-// One-warp blocks at one token tile take 5 stages of one unit, their inputs loaded a stage ahead,
-// instead of 2 x 2 units: 17 blocks an SM of 11.9 KB (with the system's 1 KiB each) keep 185 KB in
-// flight, not 148 (docs/perf/2026-12-01-s10-cuda-27b.md).
+// The shared-memory carveout (percent, launch_kernel_carveout) of a launch of `blocks` one-warp
+// blocks of `smem` bytes: what one wave of them needs on each SM (the driver's 1 KiB a block
+// included), so the rest of the SM's 256 KB stays L1 for the inputs they all read.
+inline int narrow_carveout(int blocks, size_t smem) {
+  static const int sms = sm_count(), max_smem = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    return v;
+  }();
+  const int64_t need = int64_t((blocks + sms - 1) / sms) * int64_t(smem + 1024);
+  return static_cast<int>(std::min<int64_t>(100, (100 * need + max_smem - 1) / max_smem));
+}
+// One-warp blocks at one token tile take one-unit stages, their inputs loaded a stage ahead: at
+// one token 5 instead of 2 x 2 units (17 blocks an SM of 11.9 KB with the system's 1 KiB each keep
+// 185 KB in flight, not 148: docs/perf/2026-12-01-s10-cuda-27b.md); at 2-8 tokens 3, so that with
+// the carveout of narrow_carveout their 17 blocks an SM take 132 KB and leave 124 KB of L1 for the
+// 20-80 KB of inputs every warp reads, not 28 (verify 8 7.64 against 7.76 ms, C4 7.23 against
+// 7.33 on the H200; 3 stages at one token were 0.05 ms slower at C1: docs/perf/
+// 2026-12-01-s14-cuda-27b.md).
 constexpr int kNarrowStages = 5;
+constexpr int kNarrowStagesTokens = 3;
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
 // the end of K).
@@ -392,15 +410,21 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, false>;
   size_t smem = tma_ring_bytes(NT, w.unit_bytes, warps);
   if constexpr (NT == 1) {
-    if (warps == 1) {  // kNarrowStages stages of one unit, inputs a stage ahead
+    if (warps == 1 && T > 1) {  // kNarrowStagesTokens stages of one unit, inputs a stage ahead
+      kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStagesTokens>;
+      smem = tma_ring_bytes_of(kNarrowStagesTokens, 1, w.unit_bytes, 1);
+      tma_kernel_ready<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStagesTokens>();
+    } else if (warps == 1) {  // kNarrowStages stages of one unit, inputs a stage ahead
       kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>;
       smem = tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, 1);
       tma_kernel_ready<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>();
     }
   }
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
-  launch_kernel("qgemv_tma", kernel, dim3((N + 16 * warps - 1) / (16 * warps), splits), dim3(32 * warps), smem, s, w,
-                x, xb, out, partial, counters, T, N, K, 0);
+  const dim3 grid((N + 16 * warps - 1) / (16 * warps), splits);
+  launch_kernel_carveout("qgemv_tma", kernel, grid, dim3(32 * warps), smem,
+                         warps == 1 ? narrow_carveout(grid.x * grid.y, smem) : -1, s, w, x, xb, out, partial, counters,
+                         T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv
