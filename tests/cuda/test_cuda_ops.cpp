@@ -236,7 +236,10 @@ TEST_F(CudaOpsTest, Conv1dAcrossSteps) {
   gpu->alloc_caches(g);
   auto w = both(random_bf16(C * K, rng, 0.5f), {C, K}, true);
   std::vector<int> past = {0, 0, 0};
-  for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 5, 63}, {2, 1, 1}, {1, 7, 2}, {16, 3, 9}}) {
+  // Fresh sequences of a few tokens (the verify kernel), a long chunk (the per-token kernels), a
+  // step of up to 2, 7 and 16 tokens, then a decode step (a token each: the one-thread walk).
+  const std::vector<std::vector<int>> steps = {{2, 3, 1}, {1, 5, 63}, {2, 1, 1}, {1, 7, 2}, {16, 3, 9}, {1, 1, 1}};
+  for (const std::vector<int>& lens : steps) {
     const int T = lens[0] + lens[1] + lens[2];
     begin(make_plan(lens, past, 16, 1));
     auto x = both(random_bf16(T * C, rng), {T, C});

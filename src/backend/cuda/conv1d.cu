@@ -1,8 +1,12 @@
 // Varlen causal depthwise conv1d + SiLU continuing from each sequence's conv state (the last
-// K-1 pre-conv rows), then the state update. Short chunks (decode, verify) take one kernel in
-// which a thread walks its (sequence, channel) with the window in registers; longer ones take
-// a kernel per (token, channel) and a second for the state, so no thread reads a state row
-// another thread has already overwritten. Both sum the same products in the same order.
+// K-1 pre-conv rows), then the state update. Short chunks take one kernel: at a token a sequence
+// (decode) a thread walks its (sequence, channel) with the window in registers, at up to
+// kConvShortChunk (verify) a block of a sequence's tokens for 32 channels stores the new state
+// after a barrier; longer ones take a kernel per (token, channel) and a second for the state, so
+// no thread reads a state row another thread has already overwritten. All sum the same products
+// in the same order.
+#include <algorithm>
+
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
@@ -71,7 +75,7 @@ constexpr int kMaxShortK = 8;  // kernel widths the one-kernel path holds in reg
 // the window [state; tokens] in registers, then stores the last K - 1 rows as the new state.
 // The weights and the conv state load before pdl_wait: no kernel writes weights, and no kernel of
 // the step but this one writes the layer's conv state (the step plan is written before the step).
-template <bool Preload>
+// Decode steps (a token a sequence) take it.
 __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* state, bf16* out,
                                     const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int C,
                                     int K) {
@@ -86,26 +90,15 @@ __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* sta
   }
   pdl_wait();  // launch.cuh: mixed comes from the kernels before
   pdl_trigger();
-  // Preload (steps of more than a token a sequence: verify): every token's input first, all loads
-  // in flight at once; a load a token, each waited for before the next, cost a verify-8 step 0.05
-  // ms in 48 launches. Decode steps keep the plain loop (the preloading form took C64 8.8 -> 13.9
-  // us a launch on the H200).
-  float in[Preload ? kConvShortChunk : 1];
-  if constexpr (Preload) {
-#pragma unroll
-    for (int i = 0; i < kConvShortChunk; ++i) in[i] = i < q.T ? to_f32(mixed[int64_t(q.t0 + i) * C + c]) : 0.f;
-  }
-#pragma unroll(Preload ? kConvShortChunk : 1)
-  for (int i = 0; i < q.T; ++i) {
-    const float xin = Preload ? in[i] : to_f32(mixed[int64_t(q.t0 + i) * C + c]);
+  for (int t = q.t0; t < q.t0 + q.T; ++t) {
 #pragma unroll
     for (int j = 0; j < kMaxShortK; ++j)
-      if (j == q.R) win[j] = xin;
+      if (j == q.R) win[j] = to_f32(mixed[int64_t(t) * C + c]);
     float acc = 0.f;
 #pragma unroll
     for (int j = 0; j < kMaxShortK; ++j)
       if (j < K) acc += wk[j] * win[j];
-    out[int64_t(q.t0 + i) * C + c] = to_bf16(silu_f(acc));
+    out[int64_t(t) * C + c] = to_bf16(silu_f(acc));
 #pragma unroll
     for (int j = 0; j + 1 < kMaxShortK; ++j)
       if (j < q.R) win[j] = win[j + 1];
@@ -113,6 +106,43 @@ __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* sta
 #pragma unroll
   for (int j = 0; j < kMaxShortK; ++j)
     if (j < q.R) q.state[int64_t(j) * C + c] = to_bf16(win[j]);
+}
+
+// Steps of 2..kConvShortChunk tokens a sequence (verify): grid (n_seqs, ceil(C / 32)), block
+// (32 channels, max(max_chunk, K - 1) tokens); thread (c, t) convolves token t alone from its
+// window, rows t .. t + K - 1 of [state; tokens], and threads t < K - 1 then store new state row t
+// (window row T + t), read before the block's barrier, so no thread reads a row another has
+// overwritten. (A thread walking a channel's tokens in order left verify 8 5.5 us a launch
+// against 3.1 at one token: a few warps an SM, each a chain of 8 SiLUs.) The products are summed
+// in the same order as conv1d_short_kernel's.
+constexpr int kConvChannelsPerBlock = 32;
+__global__ void conv1d_tokens_kernel(const bf16* mixed, const float* w, bf16* state, bf16* out,
+                                     const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int C,
+                                     int K) {
+  const int c = blockIdx.y * kConvChannelsPerBlock + threadIdx.x, t = threadIdx.y;
+  const ConvSeq q = conv_seq(blockIdx.x, state, cu_seqlens, n_past, slots, C, K);
+  const bool active = c < C && t < q.T, writes_state = c < C && q.T > 0 && t < q.R;
+  float wk[kMaxShortK], win[kMaxShortK];
+  float next = 0.f;  // new state row t
+#pragma unroll
+  for (int j = 0; j < kMaxShortK; ++j) {
+    wk[j] = active && j < K ? w[int64_t(c) * K + j] : 0.f;
+    win[j] = active && j < K && t + j < q.R && !q.fresh ? to_f32(q.state[int64_t(t + j) * C + c]) : 0.f;
+  }
+  if (writes_state && q.T + t < q.R && !q.fresh) next = to_f32(q.state[int64_t(q.T + t) * C + c]);
+  pdl_wait();  // launch.cuh: mixed comes from the kernels before
+  pdl_trigger();
+#pragma unroll
+  for (int j = 0; j < kMaxShortK; ++j)
+    if (active && j < K && t + j >= q.R) win[j] = to_f32(mixed[int64_t(q.t0 + t + j - q.R) * C + c]);
+  if (writes_state && q.T + t >= q.R) next = to_f32(mixed[int64_t(q.t0 + q.T + t - q.R) * C + c]);
+  float acc = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxShortK; ++j)
+    if (j < K) acc += wk[j] * win[j];
+  if (active) out[int64_t(q.t0 + t) * C + c] = to_bf16(silu_f(acc));
+  __syncthreads();  // every read of the old state is done
+  if (writes_state) q.state[int64_t(t) * C + c] = to_bf16(next);
 }
 
 }  // namespace
@@ -124,8 +154,15 @@ void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* ou
   const int threads = 128;
   const int cblocks = (C + threads - 1) / threads;
   if (max_chunk <= kConvShortChunk && K <= kMaxShortK) {
-    launch_kernel("conv1d_short", max_chunk > 1 ? conv1d_short_kernel<true> : conv1d_short_kernel<false>,
-                  dim3(n_seqs, cblocks), threads, 0, s, mixed, w, state, out, cu_seqlens, n_past, slots, C, K);
+    if (max_chunk == 1) {
+      launch_kernel("conv1d_short", conv1d_short_kernel, dim3(n_seqs, cblocks), threads, 0, s, mixed, w, state, out,
+                    cu_seqlens, n_past, slots, C, K);
+    } else {
+      launch_kernel("conv1d_tokens", conv1d_tokens_kernel,
+                    dim3(n_seqs, (C + kConvChannelsPerBlock - 1) / kConvChannelsPerBlock),
+                    dim3(kConvChannelsPerBlock, std::max(max_chunk, K - 1)), 0, s, mixed, w, state, out, cu_seqlens,
+                    n_past, slots, C, K);
+    }
     return;
   }
   launch_kernel("conv1d_silu", conv1d_silu_kernel, dim3(T, cblocks), threads, 0, s, mixed, w, state, out, seq_of_token,
