@@ -109,7 +109,7 @@ void Qwen35Model::mlp_block(const MlpWeights& m, Tensor h, Tensor out) {
   const int64_t T = h.dim(0), I = cfg_.intermediate_size;
   Tensor gate = act({T, I});
   Tensor up = act({T, I});
-  if (m.gate_up.groups.size() == 1) {  // one weight (kGateUp): the gate where the backend computes gate_up
+  if (m.gate_up.groups.size() == 1) {  // one fused weight (kGateUp): the gate in the op a backend may fuse
     Tensor gated = act({T, I});
     ops_.linear_swiglu(h, m.gate_up.groups[0].w, gate, up, gated);
     ops_.linear_weight(gated, m.down_proj, out);

@@ -398,6 +398,7 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
     return;
   }
   DS_ASSERT(w.format == WeightFormat::kW4A16Tiled, "W4A16 weights reach the CUDA linear through prepare_weight");
+  DS_ASSERT(!w.paired, "a paired W4A16 weight (gate_up) is read through linear_parts or linear_swiglu");
   DS_ASSERT(out.numel() == x.dim(0) * w.rows, "W4A16 shapes x%s (N %lld) out%s", x.shape_str().c_str(),
             static_cast<long long>(w.rows), out.shape_str().c_str());
   linear_w4a16(B(x), static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), w,

@@ -104,7 +104,8 @@ __global__ void w4a16_repack_scales_kernel(const float* scales, W4Tiled w, unsig
     const int64_t rb = i / (16 * int64_t(w.slots) * w.n_units);
     const int64_t row = rb * 16 + g + 8 * half;
     const int c = u * qgemv::kUnitChunks + (slot << w.slot_shift);  // the slot's first chunk
-    const float v = row < N && c < w.n_chunks ? scales[logical_row(row, pair_half) * n_groups + (c >> group_shift)] : 0.f;
+    const float v =
+        row < N && c < w.n_chunks ? scales[logical_row(row, pair_half) * n_groups + (c >> group_shift)] : 0.f;
     reinterpret_cast<float*>(tiled + w.unit_offset(static_cast<int>(rb), u))[slot * 16 + g * 2 + half] = v;
   }
 }
