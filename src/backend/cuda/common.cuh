@@ -14,6 +14,9 @@ __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162flo
 __device__ __forceinline__ __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+// The MLP's gate: bf16(silu(gate) * up) in fp32, the one rounding every kernel that applies it
+// shares (silu_mul, paired_rows, the GEMV's staged input and its swiglu epilogue).
+__device__ __forceinline__ __nv_bfloat16 swiglu_bf16(float gate, float up) { return to_bf16(silu_f(gate) * up); }
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

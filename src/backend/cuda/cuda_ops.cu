@@ -437,13 +437,8 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
     o.rows[i] = static_cast<int>(outs[i].dim(1));
   }
   o.n_parts = static_cast<int>(outs.size());
-  if (tiled && w.paired && w4a16_takes_gemv(T)) {  // the GEMV writes the paired rows, one kernel parts them
-    const size_t mark = scratch_mark();
-    Tensor rows = scratch(DType::kBF16, {T, w.rows});
-    linear_w4a16(B(x), T, K, w, cuda::GemvOut::whole(B(rows), static_cast<int>(w.rows)), nullptr,
-                 cuda::GemvGate::kNone);
-    cuda::launch_paired_rows(B(rows), o.ptr[0], o.ptr[1], T, o.rows[0], false, impl_->stream);
-    scratch_release(mark);
+  if (tiled && w.paired && w4a16_takes_gemv(T)) {
+    linear_w4a16_paired_rows(B(x), T, K, w, o.ptr[0], o.ptr[1], false);
   } else if (tiled) {
     linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
   } else {
@@ -490,10 +485,16 @@ void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor
     linear_w4a16(B(x), T, K, w, cuda::GemvOut::swiglu_of(B(out), N), nullptr, cuda::GemvGate::kNone);
     return;
   }
+  linear_w4a16_paired_rows(B(x), T, K, w, B(out), nullptr, true);
+}
+
+void CudaOps::linear_w4a16_paired_rows(const void* x, int T, int K, const LinearWeight& w, void* a, void* b,
+                                       bool swiglu) {
   const size_t mark = scratch_mark();
-  Tensor rows = scratch(DType::kBF16, {T, N});
-  linear_w4a16(B(x), T, K, w, cuda::GemvOut::whole(B(rows), N), nullptr, cuda::GemvGate::kNone);
-  cuda::launch_paired_rows(B(rows), B(out), nullptr, T, N / 2, true, impl_->stream);
+  Tensor rows = scratch(DType::kBF16, {T, w.rows});  // bf16 [T, N] in the paired row order
+  linear_w4a16(x, T, K, w, cuda::GemvOut::whole(B(rows), static_cast<int>(w.rows)), nullptr, cuda::GemvGate::kNone);
+  cuda::launch_paired_rows(B(rows), static_cast<bf16*>(a), static_cast<bf16*>(b), T, static_cast<int>(w.rows / 2),
+                           swiglu, impl_->stream);
   scratch_release(mark);
 }
 

@@ -107,6 +107,9 @@ class CudaOps final : public Ops {
   // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone.
   void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out, const void* xb,
                     cuda::GemvGate gate);
+  // A paired weight's GEMV (T within w4a16_gemv_step_tokens) into scratch rows in its paired order,
+  // then launch_paired_rows: a, b bf16 [T, N/2] = gate, up, or with swiglu a = silu(gate) * up.
+  void linear_w4a16_paired_rows(const void* x, int T, int K, const LinearWeight& w, void* a, void* b, bool swiglu);
   struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
   std::unique_ptr<Impl> impl_;
   CudaOpsOptions options_;

@@ -82,6 +82,16 @@ int sm_count() {
   }();
   return n;
 }
+
+int smem_per_sm() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    return v;
+  }();
+  return n;
+}
 bool attention_decode_tc() { return g_attention_decode_tc; }
 void set_attention_decode_tc(bool on) { g_attention_decode_tc = on; }
 }  // namespace ds::cuda

@@ -178,7 +178,7 @@ __global__ void silu_mul_kernel(const bf16* gate, const bf16* up, bf16* out, int
   pdl_wait();  // launch.cuh
   pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = to_bf16(silu_f(to_f32(gate[i])) * to_f32(up[i]));
+    out[i] = swiglu_bf16(to_f32(gate[i]), to_f32(up[i]));
 }
 
 // One thread per output element i = t * half + c of launch_paired_rows.
@@ -190,7 +190,7 @@ __global__ void paired_rows_kernel(const bf16* in, bf16* a, bf16* b, int half, i
     const int c = static_cast<int>(i % half);
     const bf16* pair = in + t * 2 * half + (c / 8) * 16 + c % 8;  // gate; up 8 columns on
     if (swiglu) {
-      a[i] = to_bf16(silu_f(to_f32(pair[0])) * to_f32(pair[8]));
+      a[i] = swiglu_bf16(to_f32(pair[0]), to_f32(pair[8]));
     } else {
       a[i] = pair[0];
       b[i] = pair[8];

@@ -37,7 +37,7 @@ struct OutParts {
   // swiglu[t, col] = silu(gate) * up of the pair's fp32 sums, each rounded to bf16 first (as the
   // GEMV's parts and then launch_silu_mul would give).
   __device__ __forceinline__ void store_swiglu(int t, int col, float gate, float up) const {
-    swiglu[int64_t(t) * (end[0] / 2) + col] = to_bf16(silu_f(to_f32(to_bf16(gate))) * to_f32(to_bf16(up)));
+    swiglu[int64_t(t) * (end[0] / 2) + col] = swiglu_bf16(to_f32(to_bf16(gate)), to_f32(to_bf16(up)));
   }
 };
 

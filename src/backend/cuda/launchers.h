@@ -112,8 +112,10 @@ bool env_choice(const char* name, const char* off, const char* on, bool dflt);
 // switch it.
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
-// The current device's SM count, asked once.
+// The current device's SM count, and the shared memory an SM has for its blocks (bytes); each
+// asked once.
 int sm_count();
+int smem_per_sm();
 // Diagnostics: kernels whose launch name (launch_kernel's first argument) is listed in env
 // DS_SKIP_KERNELS (comma-separated) are not launched, so a benchmark of steps without them tells
 // what they cost in place, with the kernels around them overlapping as they do; every result is

@@ -62,12 +62,7 @@ inline int tma_narrow_warps() {
 // blocks of `smem` bytes: what one wave of them needs on each SM (the driver's 1 KiB a block
 // included), so the rest of the SM's 256 KB stays L1 for the inputs they all read.
 inline int narrow_carveout(int blocks, size_t smem) {
-  static const int sms = sm_count(), max_smem = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    return v;
-  }();
+  const int sms = sm_count(), max_smem = smem_per_sm();
   const int64_t need = int64_t((blocks + sms - 1) / sms) * int64_t(smem + 1024);
   return static_cast<int>(std::min<int64_t>(100, (100 * need + max_smem - 1) / max_smem));
 }
@@ -179,7 +174,7 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float fa = __bfloat162float(pa[i]), fb = __bfloat162float(pb[i]);
-    pr[i] = to_bf16(G == GemvGate::kSiluMul ? silu_f(fa) * fb : fa * sigmoid_f(fb));
+    pr[i] = G == GemvGate::kSiluMul ? swiglu_bf16(fa, fb) : to_bf16(fa * sigmoid_f(fb));
   }
   return r;
 }
