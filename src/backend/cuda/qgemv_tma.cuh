@@ -6,10 +6,11 @@
 // split and the inputs are read through L1: tma_narrow_warps): in the tiled layout (w4a16.cu) a
 // block's units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token
 // tile, else 1, and 1 in one-warp blocks: kNarrowStages) is one bulk copy completing on the
-// stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first requested before
-// pdl_wait (no kernel writes weights) while the previous kernel still runs, and refills a slot as
-// soon as the warp has read it. (A ninth warp issuing every copy, so row warps never wait for the
-// copy unit to take one, was slower at one token tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
+// stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first (one-warp blocks:
+// all) requested before pdl_wait (no kernel writes weights) while the previous kernel still runs,
+// and refills a slot as soon as the warp has read it. (A ninth warp issuing every copy, so row
+// warps never wait for the copy unit to take one, was slower at one token tile:
+// docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM, or beside
 // a ring of one-unit stages when K is split and more tokens' inputs need the room) the block
@@ -75,6 +76,14 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // 2026-12-01-s14-cuda-27b.md).
 constexpr int kNarrowStages = 5;
 constexpr int kNarrowStagesTokens = 3;
+// Stages a warp of a block of several warps asks for before pdl_wait; the rest of its ring after
+// the block's inputs are staged (or right after pdl_wait when the inputs come through L1). The
+// whole ring before the wait put the inputs' loads behind up to 209 KB of weight copies an SM and
+// cost the split GEMVs about 1 us a launch (H200, C1 6.39 against 6.24 ms, verify 1 6.45 against
+// 6.30; the ring after the staging rather than right after pdl_wait: C1 6.43; one-warp blocks,
+// which stage no inputs, gained nothing from fewer early stages: docs/perf/
+// 2026-12-01-s15-cuda-27b.md).
+constexpr int kStagesBeforeWait = 1;
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
 // the end of K).
@@ -250,10 +259,13 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * warps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
   };
+  // Stages asked for before pdl_wait: the whole ring in one-warp blocks, the first stage in blocks
+  // of several warps, whose other stages follow their inputs (kStagesBeforeWait).
+  const int ring = min(S, n_stages), early = warps == 1 ? ring : min(ring, kStagesBeforeWait);
   if (lane == 0 && warp < row_warps) {
     for (int i = 0; i < S; ++i) mbar_init(&full[warp * S + i], 1);
     mbar_init_fence();
-    for (int i = 0; i < min(S, n_stages); ++i) request(warp, i);
+    for (int i = 0; i < early; ++i) request(warp, i);
   }
   __syncwarp();
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
@@ -263,6 +275,8 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end);
     __syncthreads();
   }
+  if (lane == 0 && warp < row_warps)
+    for (int i = early; i < ring; ++i) request(warp, i);
   // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
   const __nv_bfloat16* xs[NT];
 #pragma unroll
