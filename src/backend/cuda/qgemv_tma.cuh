@@ -78,11 +78,10 @@ constexpr int kNarrowStages = 5;
 constexpr int kNarrowStagesTokens = 3;
 // Stages a warp of a block of several warps asks for before pdl_wait; the rest of its ring after
 // the block's inputs are staged (or right after pdl_wait when the inputs come through L1). The
-// whole ring before the wait put the inputs' loads behind up to 209 KB of weight copies an SM and
-// cost the split GEMVs about 1 us a launch (H200, C1 6.39 against 6.24 ms, verify 1 6.45 against
-// 6.30; the ring after the staging rather than right after pdl_wait: C1 6.43; one-warp blocks,
-// which stage no inputs, gained nothing from fewer early stages: docs/perf/
-// 2026-12-01-s15-cuda-27b.md).
+// whole ring before the wait put the inputs' loads behind up to 209 KB of weight copies an SM
+// (H200: C1 6.41 against 6.25 ms, verify 1 6.46 against 6.31; the rest asked for right after
+// pdl_wait instead of after the staging: C1 6.43; no stage early: C1 6.64; one-warp blocks, which
+// stage no inputs, gained nothing from fewer early stages: docs/perf/2026-12-01-s15-cuda-27b.md).
 constexpr int kStagesBeforeWait = 1;
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
