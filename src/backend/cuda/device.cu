@@ -68,28 +68,25 @@ bool env_choice(const char* name, const char* off, const char* on, bool dflt) {
 namespace {
 bool g_pdl = env_flag("DS_PDL", true);
 bool g_attention_decode_tc = env_choice("DS_ATTN_DECODE", "simt", "tc", true);
+
+// An attribute of the current device, asked of the driver.
+int current_device_attribute(cudaDeviceAttr attr) {
+  int dev = 0, v = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, dev));
+  return v;
+}
 }  // namespace
 
 bool pdl_enabled() { return g_pdl; }
 void set_pdl_enabled(bool on) { g_pdl = on; }
 
 int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    return v;
-  }();
+  static const int n = current_device_attribute(cudaDevAttrMultiProcessorCount);
   return n;
 }
-
 int smem_per_sm() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    return v;
-  }();
+  static const int n = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   return n;
 }
 bool attention_decode_tc() { return g_attention_decode_tc; }

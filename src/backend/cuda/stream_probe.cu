@@ -75,9 +75,7 @@ __global__ void probe_loads_kernel(const uint4* src, int64_t n16, uint32_t* sink
 }  // namespace
 
 double stream_probe_gbps(const StreamProbe& p) {
-  int dev = 0, sms = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const int sms = sm_count();
   const int64_t total = int64_t(p.megabytes) << 20;
   unsigned char* buf = nullptr;
   uint32_t* sink = nullptr;
