@@ -103,7 +103,8 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16*
                       int splits, int T, int N, int K, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(T <= kInt8GemvMaxTokens && K % 128 == 0, "int8 GEMV: T %d, K %d", T, K);
-  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0, "int8 GEMV: x must be 16-byte aligned");
+  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(partial) % 16 == 0,
+            "int8 GEMV: x and the partials must be 16-byte aligned");
   const Int8Rows w{q, scales, K, K / 128};
   const OutParts o = out_parts(GemvOut::whole(out, N), N);
   if (T <= 8) launch_nt<1>(w, x, o, partial, counters, splits, T, N, K, s);

@@ -204,6 +204,40 @@ __device__ __forceinline__ void store_row_block(const float (&acc)[NT][4], const
     }
 }
 
+// Partials loaded at once by sum_splits: a split sum pays an L2 round trip per kSumBatch splits.
+// A plain loop over the splits, which the compiler unrolled by 4 with a branch per remaining
+// split, paid three at 9 or 3 splits, and the last block of a tile pays them for each of its
+// outputs in turn (4 a thread at 8 tokens): C8 8.04 against 7.80 ms, verify 8 7.58 against 7.34
+// on the H200, one token unchanged (docs/perf/2026-12-01-s16-cuda-27b.md).
+constexpr int kSumBatch = 12;
+__device__ __forceinline__ void add_to(float& s, float v) { s += v; }
+__device__ __forceinline__ void add_to(float4& s, float4 v) {
+  s.x += v.x;
+  s.y += v.y;
+  s.z += v.z;
+  s.w += v.w;
+}
+// The sum of p[0], p[stride], .. p[(splits - 1) stride] (V: float or float4), in split order from
+// zero, as a plain loop adds them. Each batch loads Batch splits before adding any: those past the
+// last load the last again (no branch around a load) and are not added.
+template <int Batch, class V>
+__device__ __forceinline__ V sum_splits(const V* p, int64_t stride, int splits) {
+  V s{};
+  if constexpr (Batch == 1) {
+    for (int sp = 0; sp < splits; ++sp) add_to(s, __ldcg(p + sp * stride));
+  } else {
+    for (int sp0 = 0; sp0 < splits; sp0 += Batch) {
+      V v[Batch];
+#pragma unroll
+      for (int k = 0; k < Batch; ++k) v[k] = __ldcg(p + min(sp0 + k, splits - 1) * stride);
+#pragma unroll
+      for (int k = 0; k < Batch; ++k)
+        if (sp0 + k < splits) add_to(s, v[k]);
+    }
+  }
+  return s;
+}
+
 // The block's results to out: directly without split-K, else through the partials (the last
 // block of the tile sums them). Every thread of the block calls it.
 template <int NT>
@@ -233,17 +267,33 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
   __syncthreads();
   if (!is_last) return;
   const int n0 = blockIdx.x * kTileRows;
-  // The split sums of row n0 + r of token t (the other blocks' partials after the acquire).
-  auto sum_of = [&](int t, int n) {
-    float s = 0.f;
-    for (int sp = 0; sp < splits; ++sp) s += __ldcg(partial + (int64_t(sp) * T + t) * N + n);
-    return s;
-  };
+  const int64_t split_stride = int64_t(T) * N;
+  // The split sums (the other blocks' partials, read after the acquire). One token tile:
+  // kSumBatch splits loaded at once, 4 rows of a token a thread where N % 4 == 0 (16-byte loads;
+  // the launchers check that partial is 16-byte aligned). The kernels of more tiles (taken where
+  // the wide kernel is off) add one partial at a time: they are at their register limit, and the
+  // batches made them spill.
+  constexpr int batch = NT == 1 ? kSumBatch : 1;
+  auto sum_of = [&](int t, int n) { return sum_splits<batch>(partial + int64_t(t) * N + n, split_stride, splits); };
   if constexpr (NT == 1) {
     if (out.swiglu) {  // a thread a pair: rows n and n + 8 of a 16-row block
       for (int i = threadIdx.x; i < T * kTileRows / 2; i += blockDim.x) {
         const int t = i / (kTileRows / 2), j = i % (kTileRows / 2), n = n0 + (j / 8) * 16 + j % 8;
         if (n < N) out.store_swiglu(t, n0 / 2 + j, sum_of(t, n), sum_of(t, n + 8));
+      }
+      if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+      return;
+    }
+    if (N % 4 == 0) {
+      for (int i = threadIdx.x; i < T * kTileRows / 4; i += blockDim.x) {
+        const int t = i / (kTileRows / 4), n = n0 + 4 * (i % (kTileRows / 4));
+        if (n >= N) continue;  // rows n .. n + 3 are all in or all out
+        const float4 v = sum_splits<batch>(reinterpret_cast<const float4*>(partial + int64_t(t) * N + n),
+                                           split_stride / 4, splits);
+        out.store(t, n, v.x);
+        out.store(t, n + 1, v.y);
+        out.store(t, n + 2, v.z);
+        out.store(t, n + 3, v.w);
       }
       if (threadIdx.x == 0) counters[blockIdx.x] = 0;
       return;
