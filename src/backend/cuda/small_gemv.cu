@@ -17,14 +17,14 @@ constexpr int kThreads = 256;
 
 constexpr int kPreloaded = 4;  // weight vectors a thread loads before pdl_wait (all of K <= 8192)
 
-// Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= kSmallGemvMaxTokens), 16-byte
+// Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= MaxT <= kSmallGemvMaxTokens), 16-byte
 // vectors (K % 8 == 0), fp32 accumulation. The row's first vectors load before pdl_wait (no
 // kernel writes weights). Independent (launch_small_gemv): no wait before the work, one at the
 // end, and x read from L2.
-template <bool Independent>
+template <bool Independent, int MaxT>
 __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                               OutParts out, int T, int K) {
-  __shared__ float red[kThreads / 32][kSmallGemvMaxTokens];
+  __shared__ float red[kThreads / 32][MaxT];
   const int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
   uint4 pre[kPreloaded];
@@ -37,18 +37,27 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
     pdl_wait();  // launch.cuh
     pdl_trigger();
   }
-  float acc[kSmallGemvMaxTokens];
+  float acc[MaxT];
 #pragma unroll
-  for (int t = 0; t < kSmallGemvMaxTokens; ++t) acc[t] = 0.f;
-  // acc[t] += the dot product of weight vector c (wv) with x[t]'s
+  for (int t = 0; t < MaxT; ++t) acc[t] = 0.f;
+  // acc[t] += the dot product of weight vector c (wv) with x[t]'s. Every token's vector is loaded
+  // before the first is used (tokens past T load the last one's and are not added), so a weight
+  // vector costs one L2 round trip, not one a token. With each token's load and sum behind a branch
+  // of its own, this kernel ended 2.9 us after the GEMV it runs beside at 8 tokens (0.4 us now, 0.3
+  // at one token): verify 8 7.34 against 7.23 ms, C8 7.80 against 7.67 on the H200
+  // (docs/perf/2026-12-01-s16-cuda-27b.md).
   auto accumulate = [&](int c, const uint4& wv) {
     const bf16* wb = reinterpret_cast<const bf16*>(&wv);
+    uint4 xv[MaxT];
 #pragma unroll
-    for (int t = 0; t < kSmallGemvMaxTokens; ++t) {
+    for (int t = 0; t < MaxT; ++t) {
+      const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(min(t, T - 1)) * K) + c;
+      xv[t] = Independent ? __ldcg(xp) : __ldg(xp);
+    }
+#pragma unroll
+    for (int t = 0; t < MaxT; ++t) {
       if (t < T) {
-        const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(t) * K) + c;
-        const uint4 xv = Independent ? __ldcg(xp) : __ldg(xp);
-        const bf16* xb = reinterpret_cast<const bf16*>(&xv);
+        const bf16* xb = reinterpret_cast<const bf16*>(&xv[t]);
         float a = acc[t];
 #pragma unroll
         for (int e = 0; e < 8; ++e) a += to_f32(wb[e]) * to_f32(xb[e]);
@@ -63,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
   }
   for (int c = threadIdx.x + kPreloaded * kThreads; c < K / 8; c += kThreads) accumulate(c, __ldg(wr + c));
 #pragma unroll
-  for (int t = 0; t < kSmallGemvMaxTokens; ++t) {
+  for (int t = 0; t < MaxT; ++t) {
     const float v = warp_sum(acc[t]);
     if (lane == 0) red[warp][t] = v;
   }
@@ -88,7 +97,11 @@ bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
 void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
                        bool independent) {
   DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
-  auto* kernel = independent ? small_gemv_kernel<true> : small_gemv_kernel<false>;
+  // Kernels by the most tokens they load a weight vector for (accumulate loads them all).
+  auto* kernel = T == 1   ? (independent ? small_gemv_kernel<true, 1> : small_gemv_kernel<false, 1>)
+                 : T <= 8 ? (independent ? small_gemv_kernel<true, 8> : small_gemv_kernel<false, 8>)
+                          : (independent ? small_gemv_kernel<true, kSmallGemvMaxTokens>
+                                         : small_gemv_kernel<false, kSmallGemvMaxTokens>);
   launch_kernel("small_gemv", kernel, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
 }
 
