@@ -94,6 +94,23 @@ __global__ void gdn_recurrent_kernel(const bf16* qkv, const float* g, const floa
 constexpr int kDecodeWarps = 8;
 constexpr int kDecodeRows = 16;  // rows per warp
 constexpr int kDecodeMaxK = kDecodeWarps * kDecodeRows;
+// Each token's sums over a warp's 16 rows run as kDecodeChains interleaved chains, and those over
+// the 8 warps pairwise, so a token waits on shorter chains of dependent adds (one chain of 16 and
+// one of 8: 7.03 against 6.91 us a launch in place at 8 tokens, 4.67 against 4.53 at one, H200
+// traces in docs/perf/2026-12-01-s16-cuda-27b.md).
+constexpr int kDecodeChains = 4;
+template <int N>
+__device__ __forceinline__ float pairwise_sum(const float (&v)[N]) {
+  static_assert(N > 0 && (N & (N - 1)) == 0, "a power of two");
+  float a[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) a[i] = v[i];
+#pragma unroll
+  for (int w = N / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int i = 0; i < w; ++i) a[i] += a[i + w];
+  return a[0];
+}
 // Steps of kDecodeHeadSeqs or more sequences take gdn_decode_head_kernel (below).
 constexpr int kDecodeHeadSeqs = 8;
 
@@ -166,31 +183,30 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
       *reinterpret_cast<float4*>(&qr[r]) = *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
     }
     const float alpha = alpha_s[t];
-    float part = 0.f;  // this warp's rows of (alpha S)^T k for the lane's column
+    float part[kDecodeChains] = {};  // this warp's rows of (alpha S)^T k for the lane's column
 #pragma unroll
     for (int r = 0; r < kDecodeRows; ++r) {
       S[r] *= alpha;  // decay first
-      part += S[r] * kr[r];
+      part[r % kDecodeChains] += S[r] * kr[r];
     }
-    red[0][warp][lane] = part;
+    red[0][warp][lane] = pairwise_sum(part);
     __syncthreads();  // (also: every warp has read red[1] of the previous token)
-    float mcol = 0.f;
+    float m[kDecodeWarps];
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) mcol += red[0][w][lane];
-    const float delta = beta_s[t] * (vs[t][lane] - mcol);
-    float o = 0.f;
+    for (int w = 0; w < kDecodeWarps; ++w) m[w] = red[0][w][lane];
+    const float delta = beta_s[t] * (vs[t][lane] - pairwise_sum(m));
+    float o[kDecodeChains] = {};
 #pragma unroll
     for (int r = 0; r < kDecodeRows; ++r) {
       S[r] += kr[r] * delta;
-      o += S[r] * qr[r];  // read after the update
+      o[r % kDecodeChains] += S[r] * qr[r];  // read after the update
     }
-    red[1][warp][lane] = o;
+    red[1][warp][lane] = pairwise_sum(o);
     __syncthreads();  // every warp has read red[0] (the next token may write it); red[1] complete
     if (warp == 0 && has_col) {
-      float ocol = 0.f;
 #pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) ocol += red[1][w][lane];
-      out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(ocol);
+      for (int w = 0; w < kDecodeWarps; ++w) m[w] = red[1][w][lane];
+      out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(pairwise_sum(m));
     }
   }
   if (has_col) {
