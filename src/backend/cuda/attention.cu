@@ -187,69 +187,86 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
 
 // One CTA of kCombineWarps warps per (token, query head) of the rows from t_begin, for tokens of
 // sequences with min_chunk < new tokens <= max_chunk: merges the splits' partial softmax states.
-// The CTA reduces the splits' maxima and sums; then warp w merges splits w, w + kCombineWarps, ...
-// over all head dims (lane = 8 dims), and the warps' sums are added in warp order, so the result
-// does not depend on scheduling. (A single warp per row took 50 us a layer at 132 splits.)
+// Warp w merges splits w, w + kCombineWarps, ... (lane = 8 head dims) into its own state, their
+// partials loaded kCombineBatch splits at a time before any is used; the warps' states are then
+// merged in warp order, so the result does not depend on scheduling. The step plan (which
+// sequence a token is of, its length) is read before pdl_wait: it is written before the step.
+// (Three passes over the splits, for the maximum, the sum and the accumulators, each waiting on
+// its loads, took 6.3 us a launch in place at one token and 64 splits and 6.8 at 8 tokens, against
+// 5.3 and 5.1 now on the H200: docs/perf/2026-12-01-s16-cuda-27b.md. A single warp per row took
+// 50 us a layer at 132 splits.)
 constexpr int kCombineWarps = 8;
+constexpr int kCombineBatch = 8;
 
 __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(
     const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens, int t_begin, int nH,
     int hd, int n_splits, int min_chunk, int max_chunk) {
-  pdl_wait();  // launch.cuh
-  pdl_trigger();
-  __shared__ float red[kCombineWarps];
-  __shared__ float sums[kCombineWarps][kMaxHeadDim];
+  __shared__ float warp_m[kCombineWarps], warp_l[kCombineWarps];
+  __shared__ float warp_acc[kCombineWarps][kMaxHeadDim];
   const int th = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = t_begin + th / nH, s = seq_of_token[t];
   const int len = cu_seqlens[s + 1] - cu_seqlens[s];
+  pdl_wait();  // launch.cuh: the partials come from the attention kernel
+  pdl_trigger();
   if (len <= min_chunk || len > max_chunk) return;  // the whole CTA
   const int stride = hd + 2;  // floats per split: accumulator [hd], max, sum
   const float* src = partial + int64_t(th) * n_splits * stride;
-  // The CTA's maximum, then its sum of l * exp(m - M), each through red[] (v: this thread's part).
-  auto cta_reduce = [&](float v, bool is_max) {
-    for (int o = 16; o > 0; o >>= 1) {
-      const float u = __shfl_xor_sync(0xffffffffu, v, o);
-      v = is_max ? fmaxf(v, u) : v + u;
+  const int d0 = min(8 * lane, hd - 8);  // hd is a multiple of 8 and at most 256; lanes past hd repeat the last 8
+  // This warp's state: maximum, sum of l * exp(m - mw), accumulators scaled alike.
+  float mw = -INFINITY, lw = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  for (int sp0 = warp; sp0 < n_splits; sp0 += kCombineWarps * kCombineBatch) {
+    float ms[kCombineBatch], ls[kCombineBatch];
+    float2 a[kCombineBatch][4];  // float2: the stride is even, so 8-byte aligned
+#pragma unroll
+    for (int k = 0; k < kCombineBatch; ++k) {
+      const int sp = sp0 + k * kCombineWarps;
+      const float* p = src + int64_t(sp < n_splits ? sp : sp0) * stride;  // past the last: sp0 again, unused
+      ms[k] = sp < n_splits ? p[hd] : -INFINITY;
+      ls[k] = p[hd + 1];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[k][e] = reinterpret_cast<const float2*>(p + d0)[e];
     }
-    __syncthreads();  // red[] may still be read by the previous reduction
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float r = red[0];
-    for (int w = 1; w < kCombineWarps; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
-    return r;
-  };
-  float m = -INFINITY;
-  for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) m = fmaxf(m, src[sp * stride + hd]);
-  const float M = cta_reduce(m, true);
-  float l = 0.f;
-  for (int sp = threadIdx.x; sp < n_splits; sp += blockDim.x) {
-    const float ms = src[sp * stride + hd];
-    if (ms != -INFINITY) l += src[sp * stride + hd + 1] * expf(ms - M);
-  }
-  const float L = cta_reduce(l, false);
-  const int d0 = 8 * lane;  // hd is a multiple of 8 and at most 256
-  float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  if (d0 < hd) {
-#pragma unroll 4
-    for (int sp = warp; sp < n_splits; sp += kCombineWarps) {
-      const float ms = src[sp * stride + hd];
-      const float wgt = ms == -INFINITY ? 0.f : expf(ms - M);  // an empty split's accumulator is zeros
-      // float2: the stride is even, so 8-byte aligned
-      const float2* a = reinterpret_cast<const float2*>(src + sp * stride + d0);
+    float mn = mw;
+#pragma unroll
+    for (int k = 0; k < kCombineBatch; ++k) mn = fmaxf(mn, ms[k]);
+    if (mn == -INFINITY) continue;  // only empty splits so far (an empty split's m is -inf, its l 0)
+    const float rescale = mw == -INFINITY ? 0.f : expf(mw - mn);
+    lw *= rescale;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] *= rescale;
+#pragma unroll
+    for (int k = 0; k < kCombineBatch; ++k) {
+      const float wgt = ms[k] == -INFINITY ? 0.f : expf(ms[k] - mn);
+      lw += wgt * ls[k];
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float2 v = a[e];
-        acc[2 * e] += wgt * v.x;
-        acc[2 * e + 1] += wgt * v.y;
+        acc[2 * e] += wgt * a[k][e].x;
+        acc[2 * e + 1] += wgt * a[k][e].y;
       }
     }
-#pragma unroll
-    for (int e = 0; e < 8; ++e) sums[warp][d0 + e] = acc[e];
+    mw = mn;
   }
+  if (lane == 0) {
+    warp_m[warp] = mw;
+    warp_l[warp] = lw;
+  }
+  if (8 * lane < hd)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) warp_acc[warp][d0 + e] = acc[e];
   __syncthreads();
+  float M = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) M = fmaxf(M, warp_m[w]);
+  float f[kCombineWarps], L = 0.f;  // each warp's scale to the row's maximum
+#pragma unroll
+  for (int w = 0; w < kCombineWarps; ++w) {
+    f[w] = warp_m[w] == -INFINITY ? 0.f : expf(warp_m[w] - M);
+    L += warp_l[w] * f[w];
+  }
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float v = 0.f;
-    for (int w = 0; w < kCombineWarps; ++w) v += sums[w][d];
+#pragma unroll
+    for (int w = 0; w < kCombineWarps; ++w) v += warp_acc[w][d] * f[w];
     out[(int64_t(t) * nH + th % nH) * hd + d] = to_bf16(v / L);
   }
 }
