@@ -6,8 +6,8 @@
 // split and the inputs are read through L1: tma_narrow_warps): in the tiled layout (w4a16.cu) a
 // block's units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token
 // tile, else 1, and 1 in one-warp blocks: kNarrowStages) is one bulk copy completing on the
-// stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first (one-warp blocks:
-// all) requested before pdl_wait (no kernel writes weights) while the previous kernel still runs,
+// stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units (one-warp
+// blocks: all) requested before pdl_wait (no kernel writes weights) while the previous kernel runs,
 // and refills a slot as soon as the warp has read it. (A ninth warp issuing every copy, so row
 // warps never wait for the copy unit to take one, was slower at one token tile:
 // docs/perf/2026-11-29-s6-cuda-27b.md.)
@@ -76,13 +76,16 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // 2026-12-01-s14-cuda-27b.md).
 constexpr int kNarrowStages = 5;
 constexpr int kNarrowStagesTokens = 3;
-// Stages a warp of a block of several warps asks for before pdl_wait; the rest of its ring after
-// the block's inputs are staged (or right after pdl_wait when the inputs come through L1). The
-// whole ring before the wait put the inputs' loads behind up to 209 KB of weight copies an SM
-// (H200: C1 6.41 against 6.25 ms, verify 1 6.46 against 6.31; the rest asked for right after
-// pdl_wait instead of after the staging: C1 6.43; no stage early: C1 6.64; one-warp blocks, which
-// stage no inputs, gained nothing from fewer early stages: docs/perf/2026-12-01-s15-cuda-27b.md).
-constexpr int kStagesBeforeWait = 1;
+// Units of weights a warp of a block of several warps asks for before pdl_wait (one stage of 2
+// units, or 2 of one); the rest of its ring after the block's inputs are staged (or right after
+// pdl_wait when the inputs come through L1). The whole ring before the wait put the inputs' loads
+// behind up to 209 KB of weight copies an SM (H200: C1 6.41 against 6.25 ms, verify 1 6.46 against
+// 6.31; the rest asked for right after pdl_wait instead of after the staging: C1 6.43; no stage
+// early: C1 6.64; one-warp blocks, which stage no inputs, gained nothing from fewer early stages:
+// docs/perf/2026-12-01-s15-cuda-27b.md). One stage early whatever its size left the one-unit
+// rings of 2-8 tokens a single unit: C8 7.73 against 7.61 ms, verify 8 7.19 against 7.10
+// (docs/perf/2026-12-01-s16-cuda-27b.md).
+constexpr int kUnitsBeforeWait = 2;
 
 // Chunks [c_begin, c_end) of this block's split, in whole units (the last one may be short at
 // the end of K).
@@ -258,9 +261,9 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * warps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
   };
-  // Stages asked for before pdl_wait: the whole ring in one-warp blocks, the first stage in blocks
-  // of several warps, whose other stages follow their inputs (kStagesBeforeWait).
-  const int ring = min(S, n_stages), early = warps == 1 ? ring : min(ring, kStagesBeforeWait);
+  // Stages asked for before pdl_wait: the whole ring in one-warp blocks, kUnitsBeforeWait units in
+  // blocks of several warps, whose other stages follow their inputs.
+  const int ring = min(S, n_stages), early = warps == 1 ? ring : min(ring, max(1, kUnitsBeforeWait / SU));
   if (lane == 0 && warp < row_warps) {
     for (int i = 0; i < S; ++i) mbar_init(&full[warp * S + i], 1);
     mbar_init_fence();
