@@ -270,38 +270,62 @@ constexpr int kPrepMaxHd = 256;
 __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
     const bf16* p, bf16* k, const float* q_norm, const float* k_norm, bf16* q, bf16* gate, const int32_t* positions,
     int nH, int nKV, int hd, int rotary_dim, float theta, float eps) {
-  pdl_wait();  // launch.cuh
-  pdl_trigger();
   __shared__ float row[kPrepWarps][kPrepMaxHd];
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = rotary_dim / 2;
-  const float pos = static_cast<float>(positions[t]);
   float* r = row[warp];
   const int head = blockIdx.y * kPrepWarps + warp;
-  if (head >= nH + nKV) return;  // whole warps
   const bool is_q = head < nH;
+  // Before pdl_wait, what no kernel of the step writes: the position (the step plan), the norm
+  // weights and the rotation of the lane's dims (all after the wait: 4.8 us a launch in place, 4.5
+  // now, on the H200: docs/perf/2026-12-01-s16-cuda-27b.md).
+  const float pos = static_cast<float>(positions[t]);
+  const float* w = is_q ? q_norm : k_norm;
+  float wv[kPrepMaxHd / 32], sn[kPrepMaxHd / 64], cs[kPrepMaxHd / 64];
+#pragma unroll
+  for (int e = 0; e < kPrepMaxHd / 32; ++e) wv[e] = lane + 32 * e < hd ? w[lane + 32 * e] : 0.f;
+#pragma unroll
+  for (int e = 0; e < kPrepMaxHd / 64; ++e) {
+    const int i = lane + 32 * e;
+    if (i < half) {
+      const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
+      sincosf(pos * inv_freq, &sn[e], &cs[e]);
+    }
+  }
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
+  if (head >= nH + nKV) return;  // whole warps
   const bf16* src = is_q ? p + (t * nH + head) * 2 * hd : k + (t * nKV + (head - nH)) * hd;
   bf16* dst = is_q ? q + (t * nH + head) * hd : k + (t * nKV + (head - nH)) * hd;
-  const float* w = is_q ? q_norm : k_norm;
-  float ss = 0.f;
-  for (int d = lane; d < hd; d += 32) {
-    const float v = to_f32(src[d]);
-    r[d] = v;
-    ss += v * v;
+  float x[kPrepMaxHd / 32], ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < kPrepMaxHd / 32; ++e) x[e] = to_f32(src[min(lane + 32 * e, hd - 1)]);  // all loads at once
+#pragma unroll
+  for (int e = 0; e < kPrepMaxHd / 32; ++e) {
+    const int d = lane + 32 * e;
+    if (d < hd) {
+      r[d] = x[e];
+      ss += x[e] * x[e];
+    }
   }
   if (is_q)
     for (int d = lane; d < hd; d += 32) gate[(t * nH + head) * hd + d] = src[hd + d];
   const float inv = rsqrtf(warp_sum(ss) / hd + eps);
   __syncwarp();
-  for (int d = lane; d < hd; d += 32) r[d] = to_f32(to_bf16(r[d] * inv * w[d]));
+#pragma unroll
+  for (int e = 0; e < kPrepMaxHd / 32; ++e) {
+    const int d = lane + 32 * e;
+    if (d < hd) r[d] = to_f32(to_bf16(r[d] * inv * wv[e]));
+  }
   __syncwarp();
-  for (int i = lane; i < half; i += 32) {
-    const float inv_freq = 1.0f / powf(theta, static_cast<float>(2 * i) / static_cast<float>(rotary_dim));
-    float sn, cs;
-    sincosf(pos * inv_freq, &sn, &cs);
-    const float x1 = r[i], x2 = r[i + half];
-    dst[i] = to_bf16(x1 * cs - x2 * sn);
-    dst[i + half] = to_bf16(x2 * cs + x1 * sn);
+#pragma unroll
+  for (int e = 0; e < kPrepMaxHd / 64; ++e) {
+    const int i = lane + 32 * e;
+    if (i < half) {
+      const float x1 = r[i], x2 = r[i + half];
+      dst[i] = to_bf16(x1 * cs[e] - x2 * sn[e]);
+      dst[i + half] = to_bf16(x2 * cs[e] + x1 * sn[e]);
+    }
   }
   for (int d = rotary_dim + lane; d < hd; d += 32) dst[d] = to_bf16(r[d]);
 }
