@@ -32,11 +32,15 @@ __device__ __forceinline__ int64_t cache_row(const int32_t* block_tables, int ma
 __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache,
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
                                  const int32_t* block_tables, int max_blocks, int width, int block_size) {
-  pdl_wait();  // launch.cuh
-  pdl_trigger();
+  // The cache row first: the step plan and the block tables are written before the step, so their
+  // three dependent loads run while the previous kernel ends (after pdl_wait they took the kernel
+  // to 2.8 us a launch in place at one token, against 1.7 now on the H200: docs/perf/
+  // 2026-12-01-s16-cuda-27b.md).
   const int t = blockIdx.x;
   const int s = seq_of_token[t];
   const int64_t row = cache_row(block_tables, max_blocks, s, n_past[s] + (t - cu_seqlens[s]), block_size);
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
   for (int i = threadIdx.x; i < width; i += blockDim.x) {
     k_cache[row * width + i] = k[int64_t(t) * width + i];
     v_cache[row * width + i] = v[int64_t(t) * width + i];
