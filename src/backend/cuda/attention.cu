@@ -192,16 +192,20 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
 // One CTA of kCombineWarps warps per (token, query head) of the rows from t_begin, for tokens of
 // sequences with min_chunk < new tokens <= max_chunk: merges the splits' partial softmax states.
 // Warp w merges splits w, w + kCombineWarps, ... (lane = 8 head dims) into its own state, their
-// partials loaded kCombineBatch splits at a time before any is used; the warps' states are then
+// partials loaded Batch splits at a time before any is used; the warps' states are then
 // merged in warp order, so the result does not depend on scheduling. The step plan (which
 // sequence a token is of, its length) is read before pdl_wait: it is written before the step.
 // (Three passes over the splits, for the maximum, the sum and the accumulators, each waiting on
 // its loads, took 6.3 us a launch in place at one token and 64 splits and 6.8 at 8 tokens, against
 // 5.3 and 5.1 now on the H200: docs/perf/2026-12-01-s16-cuda-27b.md. A single warp per row took
 // 50 us a layer at 132 splits.)
+// Batch: splits a warp loads at once, kCombineBatch where a warp has more than one split (decode,
+// verify), else 1: the registers of 8 splits a thread left 2 CTAs an SM, and a 1k prefill's combine
+// (24,576 rows of 2 splits) took 1.7 ms longer (H200, docs/perf/2026-12-01-s16-cuda-27b.md).
 constexpr int kCombineWarps = 8;
 constexpr int kCombineBatch = 8;
 
+template <int Batch>
 __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(
     const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens, int t_begin, int nH,
     int hd, int n_splits, int min_chunk, int max_chunk) {
@@ -218,11 +222,11 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(
   const int d0 = min(8 * lane, hd - 8);  // hd is a multiple of 8 and at most 256; lanes past hd repeat the last 8
   // This warp's state: maximum, sum of l * exp(m - mw), accumulators scaled alike.
   float mw = -INFINITY, lw = 0.f, acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  for (int sp0 = warp; sp0 < n_splits; sp0 += kCombineWarps * kCombineBatch) {
-    float ms[kCombineBatch], ls[kCombineBatch];
-    float2 a[kCombineBatch][4];  // float2: the stride is even, so 8-byte aligned
+  for (int sp0 = warp; sp0 < n_splits; sp0 += kCombineWarps * Batch) {
+    float ms[Batch], ls[Batch];
+    float2 a[Batch][4];  // float2: the stride is even, so 8-byte aligned
 #pragma unroll
-    for (int k = 0; k < kCombineBatch; ++k) {
+    for (int k = 0; k < Batch; ++k) {
       const int sp = sp0 + k * kCombineWarps;
       const float* p = src + int64_t(sp < n_splits ? sp : sp0) * stride;  // past the last: sp0 again, unused
       ms[k] = sp < n_splits ? p[hd] : -INFINITY;
@@ -232,14 +236,14 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(
     }
     float mn = mw;
 #pragma unroll
-    for (int k = 0; k < kCombineBatch; ++k) mn = fmaxf(mn, ms[k]);
+    for (int k = 0; k < Batch; ++k) mn = fmaxf(mn, ms[k]);
     if (mn == -INFINITY) continue;  // only empty splits so far (an empty split's m is -inf, its l 0)
     const float rescale = mw == -INFINITY ? 0.f : expf(mw - mn);
     lw *= rescale;
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] *= rescale;
 #pragma unroll
-    for (int k = 0; k < kCombineBatch; ++k) {
+    for (int k = 0; k < Batch; ++k) {
       const float wgt = ms[k] == -INFINITY ? 0.f : expf(ms[k] - mn);
       lw += wgt * ls[k];
 #pragma unroll
@@ -336,8 +340,9 @@ void launch_attention_combine(const float* partial, bf16* out, const int32_t* se
   DS_ASSERT(hd % 8 == 0 && hd <= kMaxHeadDim, "attention combine: head_dim %d", hd);
   const int TH = (t_end - t_begin) * nH;
   if (TH <= 0) return;
-  launch_kernel("attention_combine", attention_combine_kernel, TH, kCombineWarps * 32, 0, s, partial, out,
-                seq_of_token, cu_seqlens, t_begin, nH, hd, n_splits, min_chunk, max_chunk);
+  auto* kernel = n_splits > kCombineWarps ? attention_combine_kernel<kCombineBatch> : attention_combine_kernel<1>;
+  launch_kernel("attention_combine", kernel, TH, kCombineWarps * 32, 0, s, partial, out, seq_of_token, cu_seqlens,
+                t_begin, nH, hd, n_splits, min_chunk, max_chunk);
 }
 
 }  // namespace ds::cuda
