@@ -52,6 +52,8 @@ enum class GateAct : uint8_t { kSiluMul, kMulSigmoid };
 // What a weight is used for, so a backend can choose its storage (Ops::prepare_weight).
 // kGateUp: the MLP's fused gate_up [2I, K], rows gate then up, used through linear_swiglu.
 enum class WeightRole : uint8_t { kLinear, kEmbedding, kLmHead, kGateUp };
+// A vocabulary table (embedding or lm_head): the weights a backend may store as int8 rows.
+inline bool is_vocab_role(WeightRole role) { return role == WeightRole::kEmbedding || role == WeightRole::kLmHead; }
 
 class Ops {
  public:

@@ -92,8 +92,7 @@ void CpuOps::begin_step(const StepPlan& plan) {
 }
 
 void CpuOps::prepare_weight(LinearWeight& w, WeightRole role) {
-  const bool vocab = role == WeightRole::kEmbedding || role == WeightRole::kLmHead;
-  if (!int8_vocab_ || !vocab || w.quantized() || w.dense.dim(1) % kInt8Group != 0) return;
+  if (!int8_vocab_ || !is_vocab_role(role) || w.quantized() || w.dense.dim(1) % kInt8Group != 0) return;
   const int64_t rows = w.dense.dim(0), cols = w.dense.dim(1);
   std::vector<int8_t> q(static_cast<size_t>(rows * cols));
   std::vector<float> scales(static_cast<size_t>(rows * cols / kInt8Group));

@@ -211,8 +211,7 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
     w.paired = paired;
     return;
   }
-  const bool vocab = role == WeightRole::kEmbedding || role == WeightRole::kLmHead;
-  if (!vocab || !options_.int8_vocab || w.dense.dim(1) % 128 != 0) return;
+  if (!is_vocab_role(role) || !options_.int8_vocab || w.dense.dim(1) % 128 != 0) return;
   expect_bf16(w.dense, "vocabulary table");
   const int64_t V = w.dense.dim(0);
   const int H = static_cast<int>(w.dense.dim(1));
