@@ -182,6 +182,54 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   }
 }
 
+// Weights with too many rows to split K (w4a16_gemv_splits 1 on the H200: one-warp blocks on the
+// TMA kernel) at the 27B's widths: gate_up (34,816 x 5,120, paired, swiglu out), a plain 30,000 x 2,560, K 640
+// ending on a short unit, a paired K 1,152 (4.5 units). W4A16MatchesCpu's unsplit shapes have
+// K <= 256, one unit a row block; these stream 3 to 20 through the one-warp rings (5 stages of
+// one unit at one token, 3 at more), and check that a repeated launch gives the same bits.
+TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
+  struct Shape {
+    int N, K;
+    bool paired;
+  };
+  for (const Shape& sh : {Shape{34816, 5120, true}, Shape{30000, 2560, false}, Shape{26000, 640, false},
+                          Shape{26016, 1152, true}}) {
+    const int N = sh.N, K = sh.K;
+    W4Case c = make_w4(*gpu, rng, N, K, 128, sh.paired ? WeightRole::kGateUp : WeightRole::kLinear);
+    for (int T : {1, 3, 8}) {
+      const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T);
+      const std::vector<float> x = random_bf16(size_t(T) * K, rng);
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+      const int out_cols = sh.paired ? N / 2 : N;
+      Tensor oc = cpu.scratch(DType::kF32, {T, out_cols}), og = gpu->scratch(DType::kBF16, {T, out_cols});
+      auto run_gpu = [&] {
+        if (sh.paired) {
+          Tensor gate = gpu->scratch(DType::kBF16, {T, out_cols}), up = gpu->scratch(DType::kBF16, {T, out_cols});
+          gpu->linear_swiglu(xg, c.gpu_w, gate, up, og);
+        } else {
+          gpu->linear_weight(xg, c.gpu_w, og);
+        }
+        return download(og);
+      };
+      if (sh.paired) {
+        LinearWeight w_cpu;
+        w_cpu.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+        Tensor gc = cpu.scratch(DType::kF32, {T, out_cols}), uc = cpu.scratch(DType::kF32, {T, out_cols});
+        cpu.linear_swiglu(xc, w_cpu, gc, uc, oc);
+      } else {
+        cpu.linear(xc, cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32), oc);
+      }
+      const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+      const std::vector<float> got = run_gpu();
+      EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
+      EXPECT_EQ(run_gpu(), got) << what << " repeated";
+      gpu->reset_scratch();
+      cpu.reset_scratch();
+    }
+  }
+}
+
 // A fused W4A16 weight (Ops::linear_parts): one GEMV writes parts whose widths are not
 // multiples of the 16-row tiles, in one launch, sliced steps and the cuBLAS path.
 TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
