@@ -140,7 +140,7 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
     int N, K, group;
   };
   // K 128, 384 and 640 end on a short unit (2 chunks); group 512 stores its scales once a unit.
-  // K 128 and 256 are not split (one-warp blocks on the TMA kernel, tma_narrow_warps).
+  // K 128 and 256 are not split (the TMA kernel's narrow blocks, tma_narrow_warps).
   for (Shape sh : std::vector<Shape>{{96, 128, 128}, {2000, 256, 128}, {200, 384, 128}, {1000, 5120, 128},
                                      {328, 17408, 128}, {24, 640, 128}, {72, 512, 64}, {40, 1024, 256}, {56, 1536, 512},
                                      {40, 256, 32}}) {
@@ -182,11 +182,12 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
   }
 }
 
-// Weights with too many rows to split K (w4a16_gemv_splits 1 on the H200: one-warp blocks on the
-// TMA kernel) at the 27B's widths: gate_up (34,816 x 5,120, paired, swiglu out), a plain 30,000 x 2,560, K 640
-// ending on a short unit, a paired K 1,152 (4.5 units). W4A16MatchesCpu's unsplit shapes have
-// K <= 256, one unit a row block; these stream 3 to 20 through the one-warp rings (5 stages of
-// one unit at one token, 3 at more), and check that a repeated launch gives the same bits.
+// Weights with too many rows to split K (w4a16_gemv_splits 1 on the H200: the TMA kernel's narrow
+// blocks, 9 warps at one token and one at more) at the 27B's widths: gate_up (34,816 x 5,120,
+// paired, swiglu out), a plain 30,000 x 2,560, K 640 ending on a short unit, a paired K 1,152 (4.5
+// units). W4A16MatchesCpu's unsplit shapes have K <= 256, one unit a row block; these stream 3 to
+// 20 through the narrow rings (5 stages of one unit at one token, 3 at more), and check that a
+// repeated launch gives the same bits.
 TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
   struct Shape {
     int N, K;

@@ -2,22 +2,22 @@
 // same work split, fragments and results as the register GEMV (qgemv_kernel.cuh), fed from a ring
 // of shared-memory stages instead of registers.
 //
-// Each warp streams its own 16-row block (a thread block holds 8 of them, or one when K is not
-// split and the inputs are read through L1: tma_narrow_warps): in the tiled layout (w4a16.cu) a
-// block's units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token
-// tile, else 1, and 1 in one-warp blocks: kNarrowStages) is one bulk copy completing on the
-// stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units (one-warp
-// blocks: all) requested before pdl_wait (no kernel writes weights) while the previous kernel runs,
-// and refills a slot as soon as the warp has read it. (A ninth warp issuing every copy, so row
-// warps never wait for the copy unit to take one, was slower at one token tile:
-// docs/perf/2026-11-29-s6-cuda-27b.md.)
+// Each warp streams its own 16-row block (a thread block holds 8 of them, or tma_narrow_warps when
+// K is not split and the inputs are read through L1): in the tiled layout (w4a16.cu) a block's
+// units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token tile,
+// else 1, and 1 in the blocks of unsplit launches: kNarrowStages) is one bulk copy completing on
+// the stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units
+// (one-warp blocks and one-token unsplit launches: all) requested before pdl_wait (no kernel
+// writes weights) while the previous kernel runs, and refills a slot as soon as the warp has read
+// it. (A ninth warp issuing every copy, so row warps never wait for the copy unit to take one, was
+// slower at one token tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM, or beside
 // a ring of one-unit stages when K is split and more tokens' inputs need the room) the block
 // first copies its inputs for its chunk range into shared memory, which every warp reads, and may
 // gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the separate
 // kernels do, so the model's gated linears need no kernel of their own); otherwise each lane reads
-// them through L1, a stage's before its wait at 4 or more tiles and in one-warp blocks.
+// them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
 #pragma once
 
 #include <cstdlib>
@@ -46,20 +46,28 @@ inline size_t tma_ring_bytes_of(int stages, int units, int unit_bytes, int warps
 inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
   return tma_ring_bytes_of(stages_for(nt), stage_units(nt), unit_bytes, warps);
 }
-// Warps a block when K is not split (one row block a warp, the rows in order): 1, so the warps
-// spread evenly over the SMs (gate_up's 2,176 row blocks in 272 blocks of 8 warps left 8 SMs a
-// third block, on which the launch's last 3 us waited: docs/perf/2026-12-01-s8-cuda-27b.md).
-// env DS_W4A16_NARROW_WARPS = 1, 2, 4 or 8 (8: the blocks of split launches).
-inline int tma_narrow_warps() {
-  static const int n = [] {
+// Warps a block when K is not split (one row block a warp, the rows in order), at T tokens.
+// One token: 9, each warp with its own ring of kNarrowStages one-unit stages (98 KB a block at
+// group 128, so at most 2 blocks an SM; gate_up's 2,176 row blocks in 242 blocks): C1 6.08-6.11 ms
+// against 6.20 with one-warp blocks on the H200, 17 warps a block (one an SM) 6.16-6.17, 4 warps
+// 6.43 (docs/perf/2026-12-02-s17-cuda-27b.md). More tokens: 1, so the warps spread evenly over the
+// SMs (gate_up's row blocks in 272 blocks of 8 warps had left 8 SMs a third block, on which the
+// launch's last 3 us waited: docs/perf/2026-12-01-s8-cuda-27b.md).
+// env DS_W4A16_NARROW_WARPS = 1 .. kNarrowMaxWarps sets both (at more tokens at most kWarps).
+constexpr int kNarrowWarpsOneToken = 9;
+constexpr int kNarrowMaxWarps = 18;
+inline int tma_narrow_warps(int T) {
+  static const int env_warps = [] {
     const char* env = std::getenv("DS_W4A16_NARROW_WARPS");
-    const int v = env ? std::atoi(env) : 1;
-    DS_ASSERT(v == 1 || v == 2 || v == 4 || v == 8, "DS_W4A16_NARROW_WARPS must be 1, 2, 4 or 8, not '%s'", env);
+    const int v = env ? std::atoi(env) : 0;
+    DS_ASSERT(!env || (v >= 1 && v <= kNarrowMaxWarps), "DS_W4A16_NARROW_WARPS must be 1 to %d, not '%s'",
+              kNarrowMaxWarps, env);
     return v;
   }();
-  return n;
+  if (T == 1) return env_warps > 0 ? env_warps : kNarrowWarpsOneToken;
+  return env_warps > 0 ? std::min(env_warps, kWarps) : 1;
 }
-// The shared-memory carveout (percent, launch_kernel_carveout) of a launch of `blocks` one-warp
+// The shared-memory carveout (percent, launch_kernel_carveout) of a launch of `blocks` unsplit
 // blocks of `smem` bytes: what one wave of them needs on each SM (the driver's 1 KiB a block
 // included), so the rest of the SM's 256 KB stays L1 for the inputs they all read.
 inline int narrow_carveout(int blocks, size_t smem) {
@@ -67,9 +75,10 @@ inline int narrow_carveout(int blocks, size_t smem) {
   const int64_t need = int64_t((blocks + sms - 1) / sms) * int64_t(smem + 1024);
   return static_cast<int>(std::min<int64_t>(100, (100 * need + max_smem - 1) / max_smem));
 }
-// One-warp blocks at one token tile take one-unit stages, their inputs loaded a stage ahead: at
-// one token 5 instead of 2 x 2 units (17 blocks an SM of 11.9 KB with the system's 1 KiB each keep
-// 185 KB in flight, not 148: docs/perf/2026-12-01-s10-cuda-27b.md); at 2-8 tokens 3, so that with
+// The blocks of unsplit launches at one token tile take one-unit stages, their inputs loaded a
+// stage ahead: at one token 5 a warp instead of 2 x 2 units (measured with one-warp blocks, 17 an
+// SM of 11.9 KB with the system's 1 KiB each keeping 185 KB in flight, not 148: docs/perf/
+// 2026-12-01-s10-cuda-27b.md; now 9 warps a block, tma_narrow_warps); at 2-8 tokens 3, so that with
 // the carveout of narrow_carveout their 17 blocks an SM take 132 KB and leave 124 KB of L1 for the
 // 20-80 KB of inputs every warp reads, not 28 (verify 8 7.64 against 7.76 ms, C4 7.23 against
 // 7.33 on the H200; 3 stages at one token were 0.05 ms slower at C1: docs/perf/
@@ -230,9 +239,10 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
 // x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
+// MaxThreads: kWarps warps, or up to kNarrowMaxWarps (the blocks of unsplit launches at one token).
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT)>
-__global__ void __launch_bounds__(kWarps * 32, MinBlocks)
+          int S = stages_for(NT), int MaxThreads = kWarps * 32>
+__global__ void __launch_bounds__(MaxThreads, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
                      int x_stride) {
@@ -261,9 +271,13 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
     bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * warps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
   };
-  // Stages asked for before pdl_wait: the whole ring in one-warp blocks, kUnitsBeforeWait units in
-  // blocks of several warps, whose other stages follow their inputs.
-  const int ring = min(S, n_stages), early = warps == 1 ? ring : min(ring, max(1, kUnitsBeforeWait / SU));
+  // Stages asked for before pdl_wait: the whole ring in one-warp blocks and in the blocks of
+  // one-token unsplit launches (MaxThreads past kWarps warps), which stage no inputs;
+  // kUnitsBeforeWait units in the other blocks of several warps, whose other stages follow their
+  // inputs (or pdl_wait).
+  constexpr bool kNarrowBlocks = MaxThreads > kWarps * 32;
+  const int ring = min(S, n_stages),
+            early = warps == 1 || kNarrowBlocks ? ring : min(ring, max(1, kUnitsBeforeWait / SU));
   if (lane == 0 && warp < row_warps) {
     for (int i = 0; i < S; ++i) mbar_init(&full[warp * S + i], 1);
     mbar_init_fence();
@@ -344,10 +358,11 @@ __global__ void __launch_bounds__(kWarps * 32, MinBlocks)
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT)>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32>
 int tma_kernel_ready() {
   static const int sms = [] {
-    raise_dynamic_smem_limit(reinterpret_cast<const void*>(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S>));
+    raise_dynamic_smem_limit(
+        reinterpret_cast<const void*>(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S, MaxThreads>));
     return sm_count();
   }();
   return sms;
@@ -417,7 +432,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   }
   DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
   // Split-K sums per tile of kWarps row blocks (store_results); unsplit launches take narrow blocks.
-  const int warps = splits == 1 ? tma_narrow_warps() : kWarps;
+  const int warps = splits == 1 ? tma_narrow_warps(T) : kWarps;
   auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, false>;
   size_t smem = tma_ring_bytes(NT, w.unit_bytes, warps);
   if constexpr (NT == 1) {
@@ -429,12 +444,17 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>;
       smem = tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, 1);
       tma_kernel_ready<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>();
+    } else if (splits == 1 && T == 1) {  // the same rings, `warps` a block
+      constexpr int kThreads = kNarrowMaxWarps * 32;
+      kernel = qgemv_tma_kernel<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStages, kThreads>;
+      smem = tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, warps);
+      tma_kernel_ready<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStages, kThreads>();
     }
   }
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
   const dim3 grid((N + 16 * warps - 1) / (16 * warps), splits);
   launch_kernel_carveout("qgemv_tma", kernel, grid, dim3(32 * warps), smem,
-                         warps == 1 ? narrow_carveout(grid.x * grid.y, smem) : -1, s, w, x, xb, out, partial, counters,
+                         splits == 1 ? narrow_carveout(grid.x * grid.y, smem) : -1, s, w, x, xb, out, partial, counters,
                          T, N, K, 0);
 }
 
