@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const int warps = blockDim.x / 32;  // kWarps, or fewer without split-K (tma_narrow_warps)
+  const int warps = blockDim.x / 32;  // kWarps, or tma_narrow_warps without split-K
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [warps][S]: the stage's copy has landed
   unsigned char* rings = smem_raw + mbar_array_bytes(warps * S);
   const int stage_bytes = SU * w.unit_bytes;
