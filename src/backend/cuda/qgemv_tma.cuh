@@ -7,7 +7,7 @@
 // units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token tile,
 // else 1, and 1 in the blocks of unsplit launches: kNarrowStages) is one bulk copy completing on
 // the stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units
-// (one-warp blocks and one-token unsplit launches: all) requested before pdl_wait (no kernel
+// (the blocks of unsplit launches: all) requested before pdl_wait (no kernel
 // writes weights) while the previous kernel runs, and refills a slot as soon as the warp has read
 // it. (A ninth warp issuing every copy, so row warps never wait for the copy unit to take one, was
 // slower at one token tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
@@ -46,15 +46,20 @@ inline size_t tma_ring_bytes_of(int stages, int units, int unit_bytes, int warps
 inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
   return tma_ring_bytes_of(stages_for(nt), stage_units(nt), unit_bytes, warps);
 }
-// Warps a block when K is not split (one row block a warp, the rows in order), at T tokens.
-// One token: 9, each warp with its own ring of kNarrowStages one-unit stages (98 KB a block at
-// group 128, so at most 2 blocks an SM; gate_up's 2,176 row blocks in 242 blocks): C1 6.08-6.11 ms
-// against 6.20 with one-warp blocks on the H200, 17 warps a block (one an SM) 6.16-6.17, 4 warps
-// 6.43 (docs/perf/2026-12-02-s17-cuda-27b.md). More tokens: 1, so the warps spread evenly over the
-// SMs (gate_up's row blocks in 272 blocks of 8 warps had left 8 SMs a third block, on which the
-// launch's last 3 us waited: docs/perf/2026-12-01-s8-cuda-27b.md).
-// env DS_W4A16_NARROW_WARPS = 1 .. kNarrowMaxWarps sets both (at more tokens at most kWarps).
+// Warps a block when K is not split (one row block a warp, the rows in order), each warp with its
+// own ring of one-unit stages (kNarrowStages at one token, kNarrowStagesTokens at 2-8), asked for
+// whole before pdl_wait. One token: 9 (98 KB a block at group 128, so at most 2 blocks an SM;
+// gate_up's 2,176 row blocks in 242 blocks): C1 6.08-6.11 ms against 6.20 with one-warp blocks on
+// the H200, 17 warps a block (one an SM) 6.16-6.17, 4 warps 6.43 (docs/perf/
+// 2026-12-02-s17-cuda-27b.md); 6 warps 6.04-6.09, 8 warps (272 blocks: 8 past two an SM) 7.18-7.20,
+// 12 warps (182 blocks, one an SM) 6.96-6.99 (docs/perf/2026-12-02-s18-cuda-27b.md).
+// 2-8 tokens: 9 as well, each warp with 3 stages (59 KB a block): verify 8 at 4k 6.89 against
+// 7.07 ms with one-warp blocks, C8 7.37-7.40 against 7.59-7.63; 6 warps the same to 0.02 (H200,
+// docs/perf/2026-12-02-s18-cuda-27b.md). More token tiles (without the wide kernel): one-warp
+// blocks.
+// env DS_W4A16_NARROW_WARPS = 1 .. kNarrowMaxWarps sets the one-tile launches' warps.
 constexpr int kNarrowWarpsOneToken = 9;
+constexpr int kNarrowWarpsTokens = 9;
 constexpr int kNarrowMaxWarps = 18;
 inline int tma_narrow_warps(int T) {
   static const int env_warps = [] {
@@ -64,8 +69,8 @@ inline int tma_narrow_warps(int T) {
               kNarrowMaxWarps, env);
     return v;
   }();
-  if (T == 1) return env_warps > 0 ? env_warps : kNarrowWarpsOneToken;
-  return env_warps > 0 ? std::min(env_warps, kWarps) : 1;
+  if (env_warps > 0) return env_warps;
+  return T == 1 ? kNarrowWarpsOneToken : kNarrowWarpsTokens;
 }
 // The shared-memory carveout (percent, launch_kernel_carveout) of a launch of `blocks` unsplit
 // blocks of `smem` bytes: what one wave of them needs on each SM (the driver's 1 KiB a block
@@ -79,10 +84,10 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // stage ahead: at one token 5 a warp instead of 2 x 2 units (measured with one-warp blocks, 17 an
 // SM of 11.9 KB with the system's 1 KiB each keeping 185 KB in flight, not 148: docs/perf/
 // 2026-12-01-s10-cuda-27b.md; now 9 warps a block, tma_narrow_warps); at 2-8 tokens 3, so that with
-// the carveout of narrow_carveout their 17 blocks an SM take 132 KB and leave 124 KB of L1 for the
-// 20-80 KB of inputs every warp reads, not 28 (verify 8 7.64 against 7.76 ms, C4 7.23 against
-// 7.33 on the H200; 3 stages at one token were 0.05 ms slower at C1: docs/perf/
-// 2026-12-01-s14-cuda-27b.md).
+// the carveout of narrow_carveout their 17 warps an SM took 132 KB and left 124 KB of L1 for the
+// 20-80 KB of inputs every warp reads, not 28 (one-warp blocks then: verify 8 7.64 against 7.76
+// ms, C4 7.23 against 7.33 on the H200; 3 stages at one token were 0.05 ms slower at C1: docs/
+// perf/2026-12-01-s14-cuda-27b.md; now 2 blocks of 9 warps an SM, 120 KB).
 constexpr int kNarrowStages = 5;
 constexpr int kNarrowStagesTokens = 3;
 // Units of weights a warp of a block of several warps asks for before pdl_wait (one stage of 2
@@ -271,8 +276,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * warps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
   };
-  // Stages asked for before pdl_wait: the whole ring in one-warp blocks and in the blocks of
-  // one-token unsplit launches (MaxThreads past kWarps warps), which stage no inputs;
+  // Stages asked for before pdl_wait: the whole ring in the blocks of unsplit launches (one warp,
+  // or MaxThreads past kWarps warps), which stage no inputs;
   // kUnitsBeforeWait units in the other blocks of several warps, whose other stages follow their
   // inputs (or pdl_wait).
   constexpr bool kNarrowBlocks = MaxThreads > kWarps * 32;
@@ -432,7 +437,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   }
   DS_ASSERT(gate == GemvGate::kNone, "qgemv_tma: a gated input needs the inputs in shared memory");
   // Split-K sums per tile of kWarps row blocks (store_results); unsplit launches take narrow blocks.
-  const int warps = splits == 1 ? tma_narrow_warps(T) : kWarps;
+  const int warps = splits > 1 ? kWarps : NT == 1 ? tma_narrow_warps(T) : 1;
   auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, false>;
   size_t smem = tma_ring_bytes(NT, w.unit_bytes, warps);
   if constexpr (NT == 1) {
@@ -444,11 +449,16 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>;
       smem = tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, 1);
       tma_kernel_ready<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>();
-    } else if (splits == 1 && T == 1) {  // the same rings, `warps` a block
+    } else if (splits == 1 && T == 1) {  // the same rings, `warps` a block (tma_narrow_warps)
       constexpr int kThreads = kNarrowMaxWarps * 32;
       kernel = qgemv_tma_kernel<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStages, kThreads>;
       smem = tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, warps);
       tma_kernel_ready<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStages, kThreads>();
+    } else if (splits == 1) {
+      constexpr int kThreads = kNarrowMaxWarps * 32;
+      kernel = qgemv_tma_kernel<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStagesTokens, kThreads>;
+      smem = tma_ring_bytes_of(kNarrowStagesTokens, 1, w.unit_bytes, warps);
+      tma_kernel_ready<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStagesTokens, kThreads>();
     }
   }
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
