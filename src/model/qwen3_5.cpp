@@ -68,13 +68,11 @@ Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
 
   GdnShape shape{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
                  cfg_.linear_value_head_dim};
-  Tensor core_attn_out = act({T, Hv, dv});
-  // gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), then the delta rule
-  ops_.gdn_gates_delta_rule(qkv, a, b, w.a_log, w.dt_bias, shape, L.cache_index, core_attn_out);
-
+  // gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), the delta rule, then each
+  // v-head's output RMS-normed and gated by z
   Tensor normed = act({T, Hv * dv});
-  ops_.gated_rms_norm(core_attn_out.view({T * Hv, dv}), z.view({T * Hv, dv}), w.norm, cfg_.rms_norm_eps,
-                      cfg_.output_gate_sigmoid, normed.view({T * Hv, dv}));
+  ops_.gdn_gates_delta_rule_norm(qkv, a, b, w.a_log, w.dt_bias, shape, L.cache_index, z, w.norm, cfg_.rms_norm_eps,
+                                 cfg_.output_gate_sigmoid, normed);
   Tensor out = act({T, H});
   ops_.linear_weight(normed, w.out_proj, out);
   return out;

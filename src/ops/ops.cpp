@@ -68,6 +68,15 @@ void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Ten
   gated_delta_rule(qkv, g, beta, shape, state_layer, out);
 }
 
+void Ops::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
+                                    const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps,
+                                    bool sigmoid_gate, Tensor out) {
+  const int64_t T = a.dim(0), Hv = shape.n_v_heads, dv = shape.v_head_dim;
+  Tensor core = scratch(act_dtype(), {T, Hv, dv});
+  gdn_gates_delta_rule(qkv, a, b, a_log, dt_bias, shape, state_layer, core);
+  gated_rms_norm(core.view({T * Hv, dv}), z.view({T * Hv, dv}), norm_w, eps, sigmoid_gate, out.view({T * Hv, dv}));
+}
+
 void Ops::attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim, double theta,
                          Tensor q, Tensor gate) {
   const int64_t T = q.dim(0), nH = q.dim(1), hd = q.dim(2), nKV = k.dim(1);

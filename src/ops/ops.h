@@ -182,6 +182,12 @@ class Ops {
   // out = w * (x / rms(x)) * act(z), act = sigmoid if sigmoid_gate else silu.
   // x, z act [R, D]; w f32 [D]; out act [R, D]
   virtual void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) = 0;
+  // gdn_gates_delta_rule, then gated_rms_norm of each v-head's output (rows of dv) with z: one op
+  // where a backend normalises inside the delta-rule kernel (CUDA at decode). z act [T, Hv*dv];
+  // norm_w f32 [dv]; out act [T, Hv*dv]; the rest as gdn_gates_delta_rule.
+  virtual void gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
+                                         const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps,
+                                         bool sigmoid_gate, Tensor out);
 
   // --- gated full attention ---
   // p act [T, nH * 2 * hd] (per head [query | gate]) -> q act [T, nH, hd], gate act [T, nH * hd]

@@ -270,13 +270,16 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     std::vector<int> past(9, 0);
     // A long step, then decode and verify sized ones; from the third on through
     // gdn_gates_delta_rule (on CUDA the decode kernel makes the gates itself; the CPU runs the two
-    // ops). The last two have 9 sequences (6 of them new), which take the kernel of a CTA a head
-    // (8 or more sequences), the last with verify blocks of up to 16 tokens.
-    const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {8, 8, 8},
+    // ops), the fourth to sixth through gdn_gates_delta_rule_norm (on CUDA the decode steps, a token
+    // a sequence, take the kernel of a CTA a head, which also normalises; the verify step the two
+    // ops). The last two have 9 sequences (6 of them new), which take the kernel of a CTA a head (8
+    // or more sequences), the last with verify blocks of up to 16 tokens.
+    const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {1, 1, 1}, {8, 8, 8},
                                                  {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 16, 1, 2, 5, 2, 2, 8, 3}};
+    auto norm_w = both(random_bf16(dv, rng, 0.5f), {dv}, true);
     for (size_t step = 0; step < steps.size(); ++step) {
       const std::vector<int>& lens = steps[step];
-      const bool fused = step >= 2;
+      const bool fused = step >= 2, normed = step >= 3 && step <= 5;
       int T = 0;
       for (int len : lens) T += len;
       begin(make_plan(lens, past, 16, 1));
@@ -285,6 +288,22 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
       auto qkv = both(random_bf16(T * C, rng), {T, C});
       auto out = outputs({T, Hv, dv});
       GdnShape sh{Hk, Hv, dk, dv};
+      const double tol = sd == StateDType::kF32 ? 1e-2 : sd == StateDType::kF16 ? 1.5e-2 : 3e-2;
+      const std::string what =
+          "dk" + std::to_string(dk) + "_dv" + std::to_string(dv) + "_state" + std::to_string(static_cast<int>(sd)) +
+          "_step" + std::to_string(step);
+      if (normed) {
+        auto z = both(random_bf16(T * Hv * dv, rng), {T, Hv * dv});
+        auto normed_out = outputs({T, Hv * dv});
+        const bool sig = step % 2 == 1;
+        cpu.gdn_gates_delta_rule_norm(qkv.first, a.first, b.first, a_log.first, dt_bias.first, sh, 1, z.first,
+                                      norm_w.first, 1e-6f, sig, normed_out.first);
+        gpu->gdn_gates_delta_rule_norm(qkv.second, a.second, b.second, a_log.second, dt_bias.second, sh, 1, z.second,
+                                       norm_w.second, 1e-6f, sig, normed_out.second);
+        expect_close(normed_out, tol, "gdn_rule_norm_" + what);
+        for (size_t s = 0; s < lens.size(); ++s) past[s] += lens[s];
+        continue;
+      }
       if (fused) {
         cpu.gdn_gates_delta_rule(qkv.first, a.first, b.first, a_log.first, dt_bias.first, sh, 1, out.first);
         gpu->gdn_gates_delta_rule(qkv.second, a.second, b.second, a_log.second, dt_bias.second, sh, 1, out.second);
@@ -298,10 +317,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
         cpu.gated_delta_rule(qkv.first, gg.first, beta.first, sh, 1, out.first);
         gpu->gated_delta_rule(qkv.second, gg.second, beta.second, sh, 1, out.second);
       }
-      const double tol = sd == StateDType::kF32 ? 1e-2 : sd == StateDType::kF16 ? 1.5e-2 : 3e-2;
-      expect_close(out, tol,
-                   "gdn_rule_dk" + std::to_string(dk) + "_state" + std::to_string(static_cast<int>(sd)) + "_step" +
-                       std::to_string(step));
+      expect_close(out, tol, "gdn_rule_" + what);
       for (size_t s = 0; s < lens.size(); ++s) past[s] += lens[s];
     }
   }

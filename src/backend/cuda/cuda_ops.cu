@@ -689,6 +689,39 @@ void CudaOps::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log,
     Ops::gdn_gates_delta_rule(qkv, a, b, a_log, dt_bias, sh, layer, out);  // a gates launch, then the rule
     return;
   }
+  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, cuda::GdnNorm{});
+}
+
+void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
+                                        const GdnShape& sh, int layer, Tensor z, Tensor norm_w, float eps,
+                                        bool sigmoid_gate, Tensor out) {
+  // The norm in the decode kernel of a CTA a head at decode steps (a token a sequence) of up to
+  // kGdnNormMaxSeqs sequences; else the two ops. On the H200 (27B shape, docs/perf/
+  // 2026-12-02-s18-cuda-27b.md): C1 6.01-6.05 against 6.10-6.12 ms, C4 6.44-6.47 against
+  // 6.82-6.84, C8 7.31-7.32 against 7.43-7.45, C16 10.57-10.59 against 10.64-10.67; with the norm
+  // at more sequences C64 24.60-24.78 against 24.13-24.19 (its extra time a CTA, paid once a wave);
+  // with the norm at a verify step of 8 tokens 7.06-7.13 against 6.88-6.93 (the kernel of a CTA a
+  // head against the register-state tiles); in clusters of those tiles, no gain at C1.
+  constexpr int kGdnNormMaxSeqs = 16;
+  if (max_chunk_ != 1 || plan_.n_seqs() > kGdnNormMaxSeqs ||
+      !cuda::gdn_decode_norm_supported(sh.k_head_dim, sh.v_head_dim, state_code(options_.state_dtype))) {
+    Ops::gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out);
+    return;
+  }
+  expect_bf16(z, "gdn norm z");
+  expect_f32(norm_w, "gdn norm weight");
+  DS_ASSERT(norm_w.numel() == sh.v_head_dim, "gdn norm weight: %lld values for head dim %d",
+            static_cast<long long>(norm_w.numel()), sh.v_head_dim);
+  cuda::GdnNorm norm;
+  norm.z = B(z);
+  norm.w = F(norm_w);
+  norm.eps = eps;
+  norm.sigmoid_gate = sigmoid_gate;
+  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, norm);
+}
+
+void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& sh, int layer,
+                         Tensor out, const cuda::GdnNorm& norm) {
   expect_bf16(a, "gdn a");
   expect_bf16(b, "gdn b");
   void* state = gdn_state(sh, layer);
@@ -699,7 +732,7 @@ void CudaOps::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log,
   gates.dt_bias = F(dt_bias);
   cuda::launch_gdn_recurrent(B(qkv), gates, state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
-                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream);
+                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm);
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {

@@ -14,6 +14,7 @@ namespace ds {
 
 namespace cuda {
 struct GemvOut;
+struct GdnNorm;
 enum class GemvGate : int;
 }
 
@@ -77,6 +78,9 @@ class CudaOps final : public Ops {
   void gated_delta_rule(Tensor qkv, Tensor g, Tensor beta, const GdnShape& shape, int state_layer, Tensor out) override;
   void gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
                             int state_layer, Tensor out) override;
+  void gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
+                                 int state_layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
+                                 Tensor out) override;
   void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) override;
   void split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) override;
   void rope(Tensor x, int rotary_dim, double theta) override;
@@ -103,6 +107,10 @@ class CudaOps final : public Ops {
   int dequant_block_rows(int N, int K) const;
   // The recurrent state pool of GDN layer `layer` [n_slots, Hv, dk, dv] (checks the shape).
   void* gdn_state(const GdnShape& shape, int layer);
+  // The decode kernels' delta rule with its own gates (and, with norm.z, the gated norm):
+  // gdn_gates_delta_rule and gdn_gates_delta_rule_norm at decode and verify.
+  void gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape, int layer,
+                  Tensor out, const cuda::GdnNorm& norm);
   // The W4A16 (tiled) linear of x bf16 [T, K] into one output or the parts of a fused weight.
   // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone.
   void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out, const void* xb,

@@ -2,10 +2,10 @@
 // Decode-sized chunks: the state lives in registers across 8 warps (gdn_decode_kernel; a warp
 // per 4 columns summing with shuffles, no block barrier a token, measured slower on the H200:
 // docs/perf/2026-11-29-s6-cuda-27b.md), or at 8 or more sequences across the two halves of a
-// CTA per head, the head's state moved by bulk copies (gdn_decode_head_kernel). Long chunks: one
-// block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory for the whole chunk, thread
-// j owning column j; CudaOps uses it only where the chunked tensor-core kernel (gdn_chunked.cu)
-// lacks the shape.
+// CTA per head, the head's state moved by bulk copies (gdn_decode_head_kernel, which can also
+// apply the gated RMSNorm that follows the rule: GdnNorm). Long chunks: one block per (sequence,
+// v-head) holds S [dk, dv] in fp32 shared memory for the whole chunk, thread j owning column j;
+// CudaOps uses it only where the chunked tensor-core kernel (gdn_chunked.cu) lacks the shape.
 #include <algorithm>
 #include <type_traits>
 
@@ -111,7 +111,8 @@ __device__ __forceinline__ float pairwise_sum(const float (&v)[N]) {
     for (int i = 0; i < w; ++i) a[i] += a[i + w];
   return a[0];
 }
-// Steps of kDecodeHeadSeqs or more sequences take gdn_decode_head_kernel (below).
+// Steps of kDecodeHeadSeqs or more sequences take gdn_decode_head_kernel (below), and so do
+// steps that normalise the output in the kernel (GdnNorm).
 constexpr int kDecodeHeadSeqs = 8;
 
 // StateT: float, __half or __nv_bfloat16 (state_dtype 0, 1, 2); elements through state_to_f32 and
@@ -224,18 +225,27 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
 // (before pdl_wait, as there), while the prologue reads the tokens' q, k, v and gates; each thread
 // then takes one column and half of the rows into registers (thread j: column j % 128, rows
 // [64 (j / 128), + 64)), the token loop sums the two halves through shared memory, and the updated
-// state goes back by one bulk store from shared memory.
+// state goes back by one bulk store from shared memory. Norm (a GdnNorm): the CTA keeps the head's
+// outputs in shared memory, then writes them normalised and gated (no gated-norm launch after it).
 constexpr int kHeadThreads = 256;
 constexpr int kHeadRows = 64;  // rows a thread
+// Tokens a thread normalises (Norm): t = half, half + 2, ... (their z loaded after pdl_wait).
+constexpr int kNormTokens = kGdnDecodeMaxTokens / 2;
+
+// The GdnNorm of output v of a row (rounded to bf16 first, as the separate kernel reads it) with
+// 1 / rms inv: w * (v * inv) * act(z), in elementwise.cu's order.
+__device__ __forceinline__ bf16 gdn_norm_out(float v, float inv, float w, float z, bool sigmoid_gate) {
+  return to_bf16(v * inv * w * (sigmoid_gate ? sigmoid_f(z) : silu_f(z)));
+}
 
 bool gdn_decode_head_supported(int dk, int dv, int state_bytes) {
   return dk <= 2 * kHeadRows && dv <= kDecodeMaxK && (dk * dv * state_bytes) % 16 == 0;
 }
 
-template <class StateT>
+template <class StateT, bool Norm>
 __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
     const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
-    const int32_t* slots, int Hk, int Hv, int dk, int dv) {
+    const int32_t* slots, int Hk, int Hv, int dk, int dv, GdnNorm norm) {
   extern __shared__ __align__(128) unsigned char head_smem[];  // StateT [dk, dv]: the head's state
   StateT* Ss = reinterpret_cast<StateT*>(head_smem);
   __shared__ __align__(16) float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk], 0 past dk
@@ -244,6 +254,8 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
   __shared__ float alpha_s[kGdnDecodeMaxTokens], beta_s[kGdnDecodeMaxTokens];
   __shared__ float red[2][2][kDecodeMaxK];  // per-half column sums: k^T S, then q^T S
   __shared__ uint64_t landed;               // the state's copy
+  __shared__ float os[Norm ? kGdnDecodeMaxTokens : 1][kDecodeMaxK];  // Norm: outputs as bf16 values, 0 past dv
+  __shared__ float inv_s[kGdnDecodeMaxTokens];                       // Norm: 1 / rms of each token's row
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int col = threadIdx.x % kDecodeMaxK, half = threadIdx.x / kDecodeMaxK, i0 = half * kHeadRows;
@@ -264,8 +276,15 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
       bulk_copy_g2s(Ss, st, bytes, &landed);
     }
   }
+  const float norm_w = Norm && has_col ? norm.w[col] : 0.f;
   pdl_wait();  // qkv and the gates come from the kernels before
   pdl_trigger();
+  float zr[Norm ? kNormTokens : 1];  // Norm: z of the tokens this thread normalises
+#pragma unroll
+  for (int i = 0; i < (Norm ? kNormTokens : 0); ++i) {
+    const int t = half + 2 * i;
+    zr[i] = t < T && has_col ? to_f32(norm.z[(int64_t(t0 + t) * Hv + h) * dv + col]) : 0.f;
+  }
 
   const float q_scale = rsqrtf(static_cast<float>(dk));
   for (int t = warp; t < T; t += kHeadThreads / 32) {
@@ -338,7 +357,11 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
     }
     red[1][half][col] = o;
     __syncthreads();  // every thread has read red[0] (the next token may write it); red[1] complete
-    if (half == 0 && has_col) out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(red[1][0][col] + red[1][1][col]);
+    if constexpr (Norm) {
+      if (half == 0) os[t][col] = has_col ? to_f32(to_bf16(red[1][0][col] + red[1][1][col])) : 0.f;
+    } else if (half == 0 && has_col) {
+      out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(red[1][0][col] + red[1][1][col]);
+    }
   }
   // The new state into shared memory (every element of [dk, dv]), then one bulk store.
 #pragma unroll
@@ -349,40 +372,71 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
   if (threadIdx.x == 0) {
     bulk_copy_s2g(st, Ss, bytes);
     bulk_commit();
-    bulk_wait_read();  // the shared memory is released when the CTA exits
   }
+  if constexpr (Norm) {  // os is complete (the barrier above)
+    for (int t = warp; t < T; t += kHeadThreads / 32) {
+      float ss = 0.f;
+      for (int c = lane; c < dv; c += 32) ss += os[t][c] * os[t][c];
+      ss = warp_sum(ss);
+      if (lane == 0) inv_s[t] = rsqrtf(ss / dv + norm.eps);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kNormTokens; ++i) {
+      const int t = half + 2 * i;
+      if (t >= T) break;
+      if (has_col)
+        out[(int64_t(t0 + t) * Hv + h) * dv + col] =
+            gdn_norm_out(os[t][col], inv_s[t], norm_w, zr[i], norm.sigmoid_gate);
+    }
+  }
+  if (threadIdx.x == 0) bulk_wait_read();  // the shared memory is released when the CTA exits
 }
 
 }  // namespace
 
 bool gdn_decode_supported(int dk) { return dk <= kDecodeMaxK; }
 
+bool gdn_decode_norm_supported(int dk, int dv, int state_dtype) {
+  return gdn_decode_supported(dk) && gdn_decode_head_supported(dk, dv, state_dtype == 0 ? 4 : 2);
+}
+
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
-                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s) {
+                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm) {
   if (n_seqs == 0) return;
+  const bool normed = norm.z != nullptr;
+  DS_ASSERT(!normed || (short_chunks && gdn_decode_norm_supported(dk, dv, state_dtype)),
+            "the GDN kernels normalise their output at decode only, in the kernel of a CTA a head (dk %d, dv %d)", dk,
+            dv);
   if (short_chunks && gdn_decode_supported(dk)) {
-    auto go = [&](auto* typed_state) {
+    auto go = [&](auto* typed_state, auto norm_on) {
       using StateT = std::remove_pointer_t<decltype(typed_state)>;
-      if (n_seqs >= kDecodeHeadSeqs && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
+      constexpr bool Norm = decltype(norm_on)::value;
+      if ((Norm || n_seqs >= kDecodeHeadSeqs) && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
+        auto* kernel = gdn_decode_head_kernel<StateT, Norm>;
         const int smem = dk * dv * static_cast<int>(sizeof(StateT));
         static int smem_attr = 0;  // the kernel's dynamic shared-memory limit, raised as needed (the
                                    // default leaves 48 KB less its static shared memory)
         if (smem > smem_attr) {
-          CUDA_CHECK(cudaFuncSetAttribute(gdn_decode_head_kernel<StateT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem));
+          CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
           smem_attr = smem;
         }
-        launch_kernel("gdn_decode", gdn_decode_head_kernel<StateT>, dim3(n_seqs, Hv), kHeadThreads, smem, s, qkv,
-                      gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
+        launch_kernel("gdn_decode", kernel, dim3(n_seqs, Hv), kHeadThreads, smem, s, qkv, gates, typed_state, out,
+                      cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
         return;
       }
-      launch_kernel("gdn_decode", gdn_decode_kernel<StateT>, dim3(n_seqs, Hv, (dv + 31) / 32), kDecodeWarps * 32, 0, s,
-                    qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
+      if constexpr (!Norm)
+        launch_kernel("gdn_decode", gdn_decode_kernel<StateT>, dim3(n_seqs, Hv, (dv + 31) / 32), kDecodeWarps * 32, 0,
+                      s, qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv);
     };
-    if (state_dtype == 0) go(static_cast<float*>(state));
-    else if (state_dtype == 1) go(static_cast<__half*>(state));
-    else go(static_cast<__nv_bfloat16*>(state));
+    auto typed = [&](auto norm_on) {
+      if (state_dtype == 0) go(static_cast<float*>(state), norm_on);
+      else if (state_dtype == 1) go(static_cast<__half*>(state), norm_on);
+      else go(static_cast<__nv_bfloat16*>(state), norm_on);
+    };
+    if (normed) typed(std::true_type{});
+    else typed(std::false_type{});
     return;
   }
   DS_ASSERT(gates.g && gates.beta, "the long-chunk GDN kernel takes precomputed gates");

@@ -235,10 +235,23 @@ struct GdnGates {
   const float* a_log = nullptr;
   const float* dt_bias = nullptr;
 };
+// The gated RMSNorm the decode kernel of a CTA a head may apply to each v-head's output row
+// before it is stored (launch_gated_rms_norm's math, on the output rounded to bf16): out = w * (o /
+// rms(o)) * act(z), act = sigmoid if sigmoid_gate else silu. z bf16 [T, Hv*dv]; w f32 [dv]. Off (z
+// null): out gets the rule's output as it is.
+struct GdnNorm {
+  const bf16* z = nullptr;
+  const float* w = nullptr;
+  float eps = 0.f;
+  bool sigmoid_gate = false;
+};
 bool gdn_decode_supported(int dk);
+// Whether launch_gdn_recurrent can apply a GdnNorm (short chunks; the kernel of a CTA a head holds
+// the head's state of state_dtype in shared memory).
+bool gdn_decode_norm_supported(int dk, int dv, int state_dtype);
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
-                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s);
+                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {});
 
 // Gated delta rule prefill in chunks of 64 tokens on tensor cores (gdn_chunked.cu), same
 // contract as launch_gdn_recurrent for head dims up to 128 (gdn_chunked_supported). T: tokens
