@@ -514,6 +514,55 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
   }
 }
 
+// The ceiling of a decode step's weight stream without launch boundaries, as figures: the 27B's
+// W4A16 linears of a step in layer order (GDN layers: in_proj_qkvz, out_proj; every fourth layer
+// attention: qkv, o_proj; each then gate_up, down), then the int8 lm_head, read by one persistent
+// launch whose rings run ahead from one linear into the next but whose warps read a linear only
+// once every warp is done with the one before (step_stream_probe_ms). With a gap, the last warp
+// of a linear waits that long before the next may be read (the small ops between them).
+TEST_F(CudaLinearQuantTest, DecodeStepStreamCeiling) {
+  auto w4a16 = [](int64_t N, int64_t K) { return N * K / 2 + N * (K / 128) * 4; };  // nibbles and f32 scales
+  std::vector<int64_t> phases;
+  for (int layer = 0; layer < 64; ++layer) {
+    const bool attention = layer % 4 == 3;
+    phases.push_back(attention ? w4a16(14336, 5120) : w4a16(16384, 5120));
+    phases.push_back(w4a16(5120, 6144));
+    phases.push_back(w4a16(34816, 5120));
+    phases.push_back(w4a16(5120, 17408));
+  }
+  phases.push_back(int64_t(248320) * 5120 + int64_t(248320) * (5120 / 128) * 4);
+  double total = 0;
+  for (int64_t b : phases) total += double(b);
+  struct Ring {
+    int bytes, stages, threads, blocks_per_sm, gap_ns, grab;
+  };
+  for (Ring r : std::vector<Ring>{{2176, 6, 512, 1, 0, 0},
+                                  {2176, 6, 512, 1, 1000, 0},
+                                  {2176, 6, 512, 1, 3000, 0},
+                                  {2176, 12, 256, 1, 0, 0},
+                                  {2176, 3, 512, 1, 0, 0},
+                                  {2176, 6, 512, 1, 0, 4},
+                                  {2176, 6, 512, 1, 0, 16}}) {
+    cuda::StepStreamProbe p;
+    p.phase_bytes = phases;
+    p.bytes = r.bytes;
+    p.stages = r.stages;
+    p.threads = r.threads;
+    p.blocks_per_sm = r.blocks_per_sm;
+    p.gap_ns = r.gap_ns;
+    p.grab = r.grab;
+    const double ms = cuda::step_stream_probe_ms(p);
+    EXPECT_GT(ms, 0);
+    const double roof_ms = total / (kCopyGbps * 1e9) * 1e3;
+    std::printf("[figure] step stream, one launch: %zu linears %.2f GB, %5d B x %2d stages, %2d warps x %d blocks an "
+                "SM, gap %4d ns, %s %2d: %.3f ms (%.1f%% of %.3f ms at %.0f GB/s)\n",
+                phases.size(), total / 1e9, r.bytes, r.stages, r.threads / 32, r.blocks_per_sm, r.gap_ns,
+                r.grab ? "claims of" : "equal shares", r.grab, ms,
+                100 * roof_ms / ms, roof_ms, kCopyGbps);
+    std::fflush(stdout);
+  }
+}
+
 // Time per call and weight bytes streamed per second, cycling through enough copies of each
 // weight that it never sits in the 50 MB L2.
 TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "ops/sampling.h"
 
@@ -156,6 +157,18 @@ struct StreamProbe {
   int megabytes = 512, reps = 10;
 };
 double stream_probe_gbps(const StreamProbe& p);
+// The step's weight stream in one persistent launch (stream_probe.cu): phase_bytes in order (each
+// rounded down to whole pieces of `bytes`), sms * blocks_per_sm blocks of `threads` with per-warp
+// rings of `stages` pieces running ahead across phases; a phase is read once every warp is done
+// with the one before and gap_ns more have passed (a dependent small op). Each warp reads an equal
+// share of every phase (grab 0), or claims `grab` pieces at a time of what is left of it. The
+// median of `reps` launches, in ms.
+struct StepStreamProbe {
+  std::vector<int64_t> phase_bytes;
+  int bytes = 2176, stages = 6, threads = 512, blocks_per_sm = 1;
+  int gap_ns = 0, grab = 0, reps = 5;
+};
+double step_stream_probe_ms(const StepStreamProbe& p);
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
 // (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).

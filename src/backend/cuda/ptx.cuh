@@ -135,6 +135,13 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
   return old;
 }
 
+// The GPU's nanosecond clock.
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 // *p read at GPU scope with acquire order (a flag another block released).
 __device__ __forceinline__ int load_acquire_gpu(const int* p) {
   int v;
