@@ -54,7 +54,7 @@ inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
 // 2026-12-02-s17-cuda-27b.md); 6 warps 6.04-6.09, 8 warps (272 blocks: 8 past two an SM) 7.18-7.20,
 // 12 warps (182 blocks, one an SM) 6.96-6.99 (docs/perf/2026-12-02-s18-cuda-27b.md).
 // 2-8 tokens: 9 as well, each warp with 3 stages (59 KB a block): verify 8 at 4k 6.89 against
-// 7.07 ms with one-warp blocks, C8 7.37-7.40 against 7.59-7.63; 6 warps the same to 0.02 (H200,
+// 7.07 ms with one-warp blocks, C8 7.37-7.40 against 7.59-7.63; 6 warps within 0.05 (H200,
 // docs/perf/2026-12-02-s18-cuda-27b.md). More token tiles (without the wide kernel): one-warp
 // blocks.
 // env DS_W4A16_NARROW_WARPS = 1 .. kNarrowMaxWarps sets the one-tile launches' warps.
