@@ -518,8 +518,8 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
 // W4A16 linears of a step in layer order (GDN layers: in_proj_qkvz, out_proj; every fourth layer
 // attention: qkv, o_proj; each then gate_up, down), then the int8 lm_head, read by one persistent
 // launch whose rings run ahead from one linear into the next but whose warps read a linear only
-// once every warp is done with the one before (step_stream_probe_ms). With a gap, the last warp
-// of a linear waits that long before the next may be read (the small ops between them).
+// once every warp is done with the one before (step_stream_probe_ms). With a gap, the last block
+// done with a linear waits that long before the next may be read (the small ops between them).
 TEST_F(CudaLinearQuantTest, DecodeStepStreamCeiling) {
   auto w4a16 = [](int64_t N, int64_t K) { return N * K / 2 + N * (K / 128) * 4; };  // nibbles and f32 scales
   std::vector<int64_t> phases;

@@ -6,11 +6,11 @@
 // K is not split and the inputs are read through L1): in the tiled layout (w4a16.cu) a block's
 // units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token tile,
 // else 1, and 1 in the blocks of unsplit launches: kNarrowStages) is one bulk copy completing on
-// the stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units
-// (the blocks of unsplit launches: all) requested before pdl_wait (no kernel
-// writes weights) while the previous kernel runs, and refills a slot as soon as the warp has read
-// it. (A ninth warp issuing every copy, so row warps never wait for the copy unit to take one, was
-// slower at one token tile: docs/perf/2026-11-29-s6-cuda-27b.md.)
+// the stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units (the
+// blocks of unsplit launches: all) requested before pdl_wait (no kernel writes weights) while the
+// previous kernel runs, and refills a slot as soon as the warp has read it. (A ninth warp issuing
+// every copy, so row warps never wait for the copy unit to take one, was slower at one token tile:
+// docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM, or beside
 // a ring of one-unit stages when K is split and more tokens' inputs need the room) the block
