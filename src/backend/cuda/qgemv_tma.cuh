@@ -441,24 +441,24 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   auto* kernel = qgemv_tma_kernel<NT, MinBlocks, XAhead, false>;
   size_t smem = tma_ring_bytes(NT, w.unit_bytes, warps);
   if constexpr (NT == 1) {
-    if (warps == 1 && T > 1) {  // kNarrowStagesTokens stages of one unit, inputs a stage ahead
-      kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStagesTokens>;
-      smem = tma_ring_bytes_of(kNarrowStagesTokens, 1, w.unit_bytes, 1);
-      tma_kernel_ready<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStagesTokens>();
-    } else if (warps == 1) {  // kNarrowStages stages of one unit, inputs a stage ahead
-      kernel = qgemv_tma_kernel<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>;
-      smem = tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, 1);
-      tma_kernel_ready<NT, MinBlocks, true, false, GemvGate::kNone, 1, kNarrowStages>();
-    } else if (splits == 1 && T == 1) {  // the same rings, `warps` a block (tma_narrow_warps)
-      constexpr int kThreads = kNarrowMaxWarps * 32;
-      kernel = qgemv_tma_kernel<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStages, kThreads>;
-      smem = tma_ring_bytes_of(kNarrowStages, 1, w.unit_bytes, warps);
-      tma_kernel_ready<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStages, kThreads>();
-    } else if (splits == 1) {
-      constexpr int kThreads = kNarrowMaxWarps * 32;
-      kernel = qgemv_tma_kernel<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStagesTokens, kThreads>;
-      smem = tma_ring_bytes_of(kNarrowStagesTokens, 1, w.unit_bytes, warps);
-      tma_kernel_ready<NT, 1, true, false, GemvGate::kNone, 1, kNarrowStagesTokens, kThreads>();
+    // Unsplit one-tile launches: Stages one-unit stages a warp, inputs a stage ahead, in blocks of
+    // up to MaxThreads (one warp: the kernel's own bound; several: kNarrowMaxWarps warps, any count).
+    auto narrow = [&](auto stages, auto max_threads) {
+      constexpr int Stages = decltype(stages)::value, MaxThreads = decltype(max_threads)::value;
+      constexpr int Min = MaxThreads > kWarps * 32 ? 1 : MinBlocks;
+      kernel = qgemv_tma_kernel<NT, Min, true, false, GemvGate::kNone, 1, Stages, MaxThreads>;
+      smem = tma_ring_bytes_of(Stages, 1, w.unit_bytes, warps);
+      tma_kernel_ready<NT, Min, true, false, GemvGate::kNone, 1, Stages, MaxThreads>();
+    };
+    if (splits == 1) {
+      using OneToken = std::integral_constant<int, kNarrowStages>;
+      using Tokens = std::integral_constant<int, kNarrowStagesTokens>;
+      using OneWarp = std::integral_constant<int, kWarps * 32>;
+      using Warps = std::integral_constant<int, kNarrowMaxWarps * 32>;
+      if (warps == 1 && T == 1) narrow(OneToken{}, OneWarp{});
+      else if (warps == 1) narrow(Tokens{}, OneWarp{});
+      else if (T == 1) narrow(OneToken{}, Warps{});
+      else narrow(Tokens{}, Warps{});
     }
   }
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
