@@ -102,17 +102,19 @@ Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
   return out;
 }
 
-// SiLU-gated MLP. h act [T, H] -> out act [T, H]
-void Qwen35Model::mlp_block(const MlpWeights& m, Tensor h, Tensor out) {
-  const int64_t T = h.dim(0), I = cfg_.intermediate_size;
-  Tensor gate = act({T, I});
-  Tensor up = act({T, I});
-  if (m.gate_up.groups.size() == 1) {  // one fused weight (kGateUp): the gate in the op a backend may fuse
-    Tensor gated = act({T, I});
-    ops_.linear_swiglu(h, m.gate_up.groups[0].w, gate, up, gated);
-    ops_.linear_weight(gated, m.down_proj, out);
+// The residual add of the token mixer's output, the post-attention norm and the SiLU-gated MLP.
+// x act [T, H] += mixed act [T, H]; out act [T, H] = the MLP of the normed sum.
+void Qwen35Model::mlp_block(const LayerWeights& L, Tensor x, Tensor mixed, Tensor out) {
+  const MlpWeights& m = L.mlp;
+  if (m.gate_up.groups.size() == 1) {  // one fused weight (kGateUp): the whole half in the op a backend may fuse
+    ops_.residual_mlp(x, mixed, L.post_attn_norm, cfg_.rms_norm_eps, m.gate_up.groups[0].w, m.down_proj, out);
     return;
   }
+  const int64_t T = x.dim(0), H = cfg_.hidden_size, I = cfg_.intermediate_size;
+  Tensor h = act({T, H});
+  ops_.add_rms_norm(x, mixed, L.post_attn_norm, cfg_.rms_norm_eps, h);
+  Tensor gate = act({T, I});
+  Tensor up = act({T, I});
   linear(h, m.gate_up, {gate, up});
   ops_.gated_linear(gate, up, GateAct::kSiluMul, m.down_proj, out);  // down_proj(silu(gate) * up)
 }
@@ -128,8 +130,7 @@ void Qwen35Model::decoder_layer(const LayerWeights& L, Tensor x, const Tensor* p
   if (pending) ops_.add_rms_norm(x, *pending, L.input_norm, cfg_.rms_norm_eps, h);
   else ops_.rms_norm(x, L.input_norm, cfg_.rms_norm_eps, h);
   Tensor mixed = L.type == LayerType::kLinearAttention ? gdn_block(L, h) : attention_block(L, h);
-  ops_.add_rms_norm(x, mixed, L.post_attn_norm, cfg_.rms_norm_eps, h);
-  mlp_block(L.mlp, h, mlp_out);
+  mlp_block(L, x, mixed, mlp_out);
   ops_.scratch_release(mark);
 }
 

@@ -121,7 +121,7 @@ class Qwen35Model {
   Qwen35Model(const ModelConfig& cfg, ModelWeights w, Ops& ops) : cfg_(cfg), w_(std::move(w)), ops_(ops) {}
   Tensor gdn_block(const LayerWeights& L, Tensor h);
   Tensor attention_block(const LayerWeights& L, Tensor h);
-  void mlp_block(const MlpWeights& m, Tensor h, Tensor out);
+  void mlp_block(const LayerWeights& L, Tensor x, Tensor mixed, Tensor out);
   void decoder_layer(const LayerWeights& L, Tensor x, const Tensor* pending, Tensor mlp_out);
   Tensor logits_of(Tensor hn, int64_t n_out);
   Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }

@@ -4,11 +4,20 @@
 
 namespace ds {
 
+namespace {
+
+// N of a weight [N, K] in whichever form it is stored.
+int64_t rows_of(const LinearWeight& w) {
+  return !w.quantized()                          ? w.dense.dim(0)
+         : w.format == WeightFormat::kW4A16Tiled ? w.rows
+                                                 : w.packed.dim(0);
+}
+
+}  // namespace
+
 void Ops::check_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs) {
   const int64_t T = x.dim(0);
-  const int64_t N = !w.quantized()                          ? w.dense.dim(0)
-                    : w.format == WeightFormat::kW4A16Tiled ? w.rows
-                                                            : w.packed.dim(0);
+  const int64_t N = rows_of(w);
   int64_t sum = 0;
   for (const Tensor& out : outs) {
     DS_ASSERT(out.ndim == 2 && out.dim(0) == T, "linear_parts: out %s is not [T = %lld, N_i]", out.shape_str().c_str(),
@@ -57,6 +66,18 @@ void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up,
   const Tensor parts[2] = {gate, up};
   linear_parts(x, w, parts);
   silu_mul(gate, up, out);
+}
+
+void Ops::residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,
+                       const LinearWeight& down, Tensor out) {
+  const int64_t T = x.dim(0), H = x.dim(1), I = rows_of(gate_up) / 2;
+  DS_ASSERT(rows_of(down) == H, "residual_mlp: down has %lld rows, the hidden size is %lld",
+            static_cast<long long>(rows_of(down)), static_cast<long long>(H));
+  Tensor h = scratch(act_dtype(), {T, H});
+  add_rms_norm(x, y, norm_w, eps, h);
+  Tensor gate = scratch(act_dtype(), {T, I}), up = scratch(act_dtype(), {T, I}), gated = scratch(act_dtype(), {T, I});
+  linear_swiglu(h, gate_up, gate, up, gated);
+  linear_weight(gated, down, out);
 }
 
 void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,

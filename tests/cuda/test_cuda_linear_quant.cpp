@@ -40,7 +40,9 @@ struct GemvSettingsRestored {
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
   bool wide = cuda::w4a16_gemv_wide();
+  int mlp_tokens = cuda::mlp_decode_tokens();
   ~GemvSettingsRestored() {
+    cuda::set_mlp_decode_tokens(mlp_tokens);
     cuda::set_w4a16_gemv_wide(wide);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
@@ -365,6 +367,69 @@ TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
         gpu->reset_scratch();
         cpu.reset_scratch();
       }
+  }
+}
+
+// Ops::residual_mlp at 1, 3 and 8 tokens (x += y; out = down . swiglu(gate_up . rms_norm(x))):
+// CUDA's persistent kernel (mlp_decode.cu) against the same op as separate kernels
+// (mlp_decode_tokens 0) and against the CPU. The residual sum is bit for bit the separate
+// kernels'; out is within bf16 of both and the same bits on every launch (its sums in warp order,
+// its counters left zero). Shapes: fewer units than warps (128 x 128: most warps have none), short
+// last units (320 x 384, groups 64 and 128), groups 128 and 256 with many warps a row block
+// (1024 x 2816), the 27B's.
+TEST_F(CudaLinearQuantTest, ResidualMlpMatchesCpu) {
+  const GemvSettingsRestored restore;
+  cuda::set_mlp_decode_tokens(cuda::kMlpDecodeMaxTokens);
+  struct Shape {
+    int H, I, group_gu, group_dn;
+  };
+  constexpr float kEps = 1e-6f;
+  for (const Shape& sh : {Shape{128, 128, 128, 128}, Shape{320, 384, 64, 128}, Shape{1024, 2816, 128, 256},
+                          Shape{5120, 17408, 128, 128}}) {
+    const int H = sh.H, I = sh.I;
+    W4Case gu = make_w4(*gpu, rng, 2 * I, H, sh.group_gu, WeightRole::kGateUp);
+    W4Case dn = make_w4(*gpu, rng, H, I, sh.group_dn);
+    ASSERT_TRUE(gu.gpu_w.paired) << "H" << H;
+    LinearWeight gu_cpu, dn_cpu;
+    gu_cpu.dense = cpu.upload(gu.dense.data(), DType::kF32, {2 * I, H}, DType::kF32);
+    dn_cpu.dense = cpu.upload(dn.dense.data(), DType::kF32, {H, I}, DType::kF32);
+    for (int T : {1, 3, 8}) {
+      const std::string what = "H" + std::to_string(H) + " I" + std::to_string(I) + " T" + std::to_string(T);
+      if (cuda::w4a16_gemv_tma()) {
+        EXPECT_TRUE(cuda::mlp_decode_supported(H, I, sh.group_gu, sh.group_dn, T)) << what;
+      }
+      const std::vector<float> x = random_bf16(size_t(T) * H, rng), y = random_bf16(size_t(T) * H, rng);
+      std::vector<float> norm(H);
+      std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+      for (auto& v : norm) v = ud(rng);
+
+      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, H}, DType::kF32), oc = cpu.scratch(DType::kF32, {T, H});
+      cpu.residual_mlp(xc, cpu.upload(y.data(), DType::kF32, {T, H}, DType::kF32),
+                       cpu.upload(norm.data(), DType::kF32, {H}, DType::kF32), kEps, gu_cpu, dn_cpu, oc);
+      const std::vector<float> ref_x(xc.f32(), xc.f32() + xc.numel()), ref_out(oc.f32(), oc.f32() + oc.numel());
+
+      Tensor yg = gpu->upload(y.data(), DType::kF32, {T, H}, DType::kBF16);
+      Tensor wg = gpu->upload(norm.data(), DType::kF32, {H}, DType::kF32);
+      auto run = [&](int tokens, std::vector<float>& x_after) {
+        cuda::set_mlp_decode_tokens(tokens);
+        Tensor xg = gpu->upload(x.data(), DType::kF32, {T, H}, DType::kBF16), og = gpu->scratch(DType::kBF16, {T, H});
+        gpu->residual_mlp(xg, yg, wg, kEps, gu.gpu_w, dn.gpu_w, og);
+        x_after = download(xg);
+        return download(og);
+      };
+      std::vector<float> x_apart, x_fused, x_again;
+      const std::vector<float> apart = run(0, x_apart);
+      const std::vector<float> fused = run(cuda::kMlpDecodeMaxTokens, x_fused);
+      for (int rep = 0; rep < 3; ++rep)
+        EXPECT_EQ(run(cuda::kMlpDecodeMaxTokens, x_again), fused) << what << " launch " << rep + 2;
+      EXPECT_EQ(x_fused, x_apart) << what;
+      EXPECT_LE(rel_rms(x_fused, ref_x), 3e-3) << what;
+      EXPECT_LE(rel_rms(fused, apart), 5e-3) << what;
+      EXPECT_LE(rel_rms(fused, ref_out), 1e-2) << what;  // h, gate, up and their product rounded to bf16 on the GPU
+      EXPECT_LE(rel_rms(apart, ref_out), 1e-2) << what;
+      gpu->reset_scratch();
+      cpu.reset_scratch();
+    }
   }
 }
 

@@ -58,6 +58,7 @@ struct CudaOps::Impl {
     graphs.clear();
   }
   int* gemv_counters = nullptr;  // i32 [kGemvMaxSplitTiles]: split-K GEMV tile counters, zero between launches
+  int* mlp_sync = nullptr;       // i32 [kMlpDecodeSyncInts]: launch_mlp_decode's counters, zero between launches
 
   void* alloc(size_t bytes) {
     void* p = nullptr;
@@ -99,6 +100,8 @@ CudaOps::CudaOps(const CudaOpsOptions& options) : impl_(new Impl()), options_(op
   impl_->scratch = static_cast<char*>(impl_->alloc(options.scratch_bytes));
   impl_->gemv_counters = static_cast<int*>(impl_->alloc(cuda::kGemvMaxSplitTiles * sizeof(int)));
   CUDA_CHECK(cudaMemset(impl_->gemv_counters, 0, cuda::kGemvMaxSplitTiles * sizeof(int)));
+  impl_->mlp_sync = static_cast<int*>(impl_->alloc(cuda::kMlpDecodeSyncInts * sizeof(int)));
+  CUDA_CHECK(cudaMemset(impl_->mlp_sync, 0, cuda::kMlpDecodeSyncInts * sizeof(int)));
 }
 
 CudaOps::~CudaOps() {
@@ -585,6 +588,37 @@ void CudaOps::add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) 
   const int D = static_cast<int>(w.numel());
   if (!cuda::launch_add_rms_norm(B(x), B(y), F(w), B(out), static_cast<int>(x.numel() / D), D, eps, impl_->stream))
     Ops::add_rms_norm(x, y, w, eps, out);  // two passes
+}
+
+void CudaOps::residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,
+                           const LinearWeight& down, Tensor out) {
+  // Up to kMlpDecodeMaxTokens tokens: one persistent launch for the add, the norm and both linears
+  // (mlp_decode.cu).
+  const bool tiled = gate_up.quantized() && gate_up.format == WeightFormat::kW4A16Tiled && gate_up.paired &&
+                     down.quantized() && down.format == WeightFormat::kW4A16Tiled;
+  const int T = static_cast<int>(x.dim(0)), H = static_cast<int>(x.dim(1));
+  const int I = tiled ? static_cast<int>(gate_up.rows / 2) : 0;
+  if (!tiled || down.rows != H || !cuda::mlp_decode_supported(H, I, gate_up.group_size, down.group_size, T)) {
+    Ops::residual_mlp(x, y, norm_w, eps, gate_up, down, out);
+    return;
+  }
+  expect_bf16(x, "residual_mlp x");
+  expect_bf16(y, "residual_mlp y");
+  expect_bf16(out, "residual_mlp out");
+  expect_f32(norm_w, "residual_mlp norm weight");
+  DS_ASSERT(y.numel() == x.numel() && out.numel() == x.numel() && norm_w.numel() == H &&
+                gate_up.packed.dim(1) == cuda::w4a16_tiled_block_words(H, gate_up.group_size) &&
+                down.packed.dim(1) == cuda::w4a16_tiled_block_words(I, down.group_size),
+            "residual_mlp shapes: x%s y%s out%s norm%s, gate_up %lld rows, down tiled%s", x.shape_str().c_str(),
+            y.shape_str().c_str(), out.shape_str().c_str(), norm_w.shape_str().c_str(),
+            static_cast<long long>(gate_up.rows), down.packed.shape_str().c_str());
+  const size_t mark = scratch_mark();
+  const size_t bytes = cuda::mlp_decode_scratch_bytes(H, I, gate_up.group_size, down.group_size, T);
+  Tensor buf = scratch(DType::kF32, {static_cast<int64_t>((bytes + 3) / 4)});
+  cuda::launch_mlp_decode(B(x), B(y), F(norm_w), eps, static_cast<const uint32_t*>(gate_up.packed.data),
+                          gate_up.group_size, static_cast<const uint32_t*>(down.packed.data), down.group_size, H, I,
+                          T, B(out), buf.data, impl_->mlp_sync, impl_->stream);
+  scratch_release(mark);
 }
 
 void CudaOps::silu_mul(Tensor gate, Tensor up, Tensor out) {

@@ -71,6 +71,8 @@ class CudaOps final : public Ops {
                     bool after_same_input = false) override;
   void add(Tensor x, Tensor y) override;
   void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) override;
+  void residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,
+                    const LinearWeight& down, Tensor out) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
   void gather_rows(Tensor x, Tensor out) override;
   void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;

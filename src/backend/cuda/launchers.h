@@ -192,6 +192,24 @@ bool w4a16_gemv_writes_swiglu(int T);
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
                        GemvGate gate = GemvGate::kNone);
+// The post-mixer half of a decoder layer at up to kMlpDecodeMaxTokens tokens (Ops::residual_mlp) in
+// one persistent launch (mlp_decode.cu): x bf16 [T, H] += y bf16 [T, H]; out bf16 [T, H] = down .
+// (silu(gate) * up), where [gate | up] = gate_up . rms_norm(x) * norm_w; gate_up paired and tiled
+// [2I, H], down tiled [H, I]. scratch: mlp_decode_scratch_bytes, 16-byte aligned; sync i32
+// [kMlpDecodeSyncInts], zero before the first launch and left zero by each (one stream at a
+// time). Supported on the TMA GEMV's GPUs for T up to mlp_decode_tokens() where the rings fit
+// beside the normed inputs; env DS_MLP_DECODE_TOKENS = 0 (off, the default: on the H200 it is
+// still slower than the separate kernels, docs/perf/2026-12-02-s19-cuda-27b.md) ..
+// kMlpDecodeMaxTokens; tests may set it.
+constexpr int kMlpDecodeSyncInts = 16384;
+constexpr int kMlpDecodeMaxTokens = 8;
+int mlp_decode_tokens();
+void set_mlp_decode_tokens(int n);
+bool mlp_decode_supported(int H, int I, int group_gu, int group_dn, int T);
+size_t mlp_decode_scratch_bytes(int H, int I, int group_gu, int group_dn, int T);
+void launch_mlp_decode(bf16* x, const bf16* y, const float* norm_w, float eps, const uint32_t* gate_up, int group_gu,
+                       const uint32_t* down, int group_dn, int H, int I, int T, bf16* out, void* scratch, int* sync,
+                       cudaStream_t s);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T). paired (N % 16 == 0): the
 // rows of a paired weight's blocks as the two halves, w [0, N/2) and [N/2, N).
 void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, bool paired, cudaStream_t s);

@@ -110,6 +110,9 @@ struct W4Tiled {
   }
 };
 
+// The view of a weight in the tiled layout (w4a16.cu): K columns in groups of `group`.
+W4Tiled tiled_weight(const uint32_t* tiled, int K, int group);
+
 // Int8 rows (int8_rows.cu): q i8 [N, K] row-major, scales f32 [N, K/128].
 struct Int8Rows {
   const int8_t* q;

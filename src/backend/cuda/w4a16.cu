@@ -54,11 +54,17 @@ struct UnitShape {
 };
 int units_of(int K) { return (K / 64 + qgemv::kUnitChunks - 1) / qgemv::kUnitChunks; }
 
-W4Tiled tiled_weight(const uint32_t* tiled, int K, int group) {
+}  // namespace
+
+W4Tiled qgemv::tiled_weight(const uint32_t* tiled, int K, int group) {
   const UnitShape us(group);
   return W4Tiled{reinterpret_cast<const unsigned char*>(tiled), K / 64, units_of(K), us.bytes, us.slots,
                  us.slot_shift};
 }
+
+namespace {
+
+using qgemv::tiled_weight;
 
 // The row of the source (repack) or of the dequantised output (dequant) that tiled row r holds:
 // r, or for a paired weight of halves of pair_half rows row 8 (r / 16) + r % 8 of half (r / 8) % 2.
