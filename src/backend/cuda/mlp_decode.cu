@@ -21,10 +21,9 @@
 //
 // Off by default (mlp_decode_tokens): on the H200 the 27B's C1 step took 6.75 ms with it against
 // 6.04 with the separate kernels, verify 8 7.79 against 6.91 (docs/perf/2026-12-02-s19-cuda-27b.md).
-// Its phases, timed inside the kernel: the norm 4-6 us before the norm weights were loaded ahead,
-// gate_up at 73% of the copy rate, 2.6-3 us from the last block's arrival to the release, and down
-// consuming units already in its rings at 1.4-1.6 us a unit a warp. The warps' arithmetic, not the
-// weight stream, sets the pace, as in the separate GEMVs.
+// Timed inside the kernel: gate_up streams at 73% of the copy rate, the release comes 2.8-3.3 us
+// after the last block's arrival, and down consumes units already in its rings at 1.6-1.8 us a unit
+// a warp. The warps' work a unit, not the weight stream, sets the pace, as in the separate GEMVs.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
