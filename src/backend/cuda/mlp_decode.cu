@@ -19,11 +19,12 @@
 // reads `gated` once every block has counted itself done with gate_up (one arrival a block); block
 // 0 then writes x + y back to x, which no block reads any more.
 //
-// Off by default (mlp_decode_tokens): on the H200 the 27B's C1 step took 6.75 ms with it against
-// 6.04 with the separate kernels, verify 8 7.79 against 6.91 (docs/perf/2026-12-02-s19-cuda-27b.md).
-// Timed inside the kernel: gate_up streams at 73% of the copy rate, the release comes 2.8-3.3 us
-// after the last block's arrival, and down consumes units already in its rings at 1.6-1.8 us a unit
-// a warp. The warps' work a unit, not the weight stream, sets the pace, as in the separate GEMVs.
+// Off by default (mlp_decode_tokens): on the H200 the 27B's C1 step took 6.72-6.75 ms with it
+// against 6.00-6.05 with the separate kernels, verify 8 7.89 against 6.91 (docs/perf/
+// 2026-12-02-s19-cuda-27b.md). Timed inside the kernel: gate_up streams at 85% of the copy rate
+// without its arithmetic and 75% with it; the release comes 2.8-3.3 us after the last block's
+// arrival; the rings, full at the barrier, stop asking for copies, so down's stream starts again
+// after it and its arithmetic is exposed (about 0.8 us a unit a warp).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -171,13 +172,13 @@ __device__ __forceinline__ void flush_row_block(const MlpLinear& L, int rb, cons
   }
   if (!__shfl_sync(0xffffffffu, is_last, 0)) return;
   const int n = last - first + 1, stride = T * 16;
-  for (int i = lane; i < T * 8; i += 32) {  // pair (r, r + 8) of token t, in warp order
+  // Pair (r, r + 8) of token t a lane, each summed in warp order with kSumBatch partials loaded at
+  // once, as the split GEMVs' last block does (down's row blocks have up to 8 warps at the 27B's
+  // shapes).
+  for (int i = lane; i < T * 8; i += 32) {
     const int t = i / 8, r = i % 8;
-    float a = 0.f, b = 0.f;
-    for (int c = 0; c < n; ++c) {
-      a += __ldcg(slots + c * stride + t * 16 + r);
-      b += __ldcg(slots + c * stride + t * 16 + r + 8);
-    }
+    const float a = qgemv::sum_splits<qgemv::kSumBatch>(slots + t * 16 + r, stride, n);
+    const float b = qgemv::sum_splits<qgemv::kSumBatch>(slots + t * 16 + r + 8, stride, n);
     store(t, r, a, b);
   }
 }
