@@ -50,7 +50,7 @@ constexpr int kMlpWarps = 16;      // a block an SM (the probe's best form: 16 w
 constexpr int kMlpMaxStages = 6;   // a warp's ring, at most
 constexpr int kMlpMinStages = 3;
 constexpr int kMlpMaxTokens = kMlpDecodeMaxTokens;  // one mma tile
-constexpr int kMlpNormPieces = 2;  // 8-column pieces of the norm a thread: H <= 16 * 32 kMlpWarps * 8
+constexpr int kMlpNormPieces = 2;  // 8-column pieces of the norm a thread: H <= 2 x 8 x 512 = 8,192
 
 // One linear of the launch: its weight, its row blocks and where their sums meet.
 struct MlpLinear {
@@ -99,8 +99,9 @@ __device__ __forceinline__ uint32_t unit_copy_bytes(const W4Tiled& w, int nc) {
 
 // The lane's inputs for the chunks of unit u: columns [64 c + 16 q4, + 16) of its chunks c, in its
 // token's row (xin: already there), from shared memory (gate_up's normed x) or from global memory
-// (down's gated inputs, written by other blocks in this launch before the acquire that lets them
-// be read: through L1, which the acquire leaves without stale lines).
+// (down's gated inputs, written by other blocks in this launch before the release the warp has
+// acquired: through L1, which holds none of them from before, as no block reads them earlier in
+// the launch).
 __device__ __forceinline__ void unit_inputs(const __nv_bfloat16* xin, int u, int nc, int lane,
                                             uint4 (&xv)[kUnitChunks][1][2]) {
 #pragma unroll
