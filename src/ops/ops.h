@@ -160,7 +160,8 @@ class Ops {
   // The post-mixer half of a decoder layer whose MLP has one fused gate_up (WeightRole::kGateUp):
   // x += y, then out act [T, H] = down . (silu(gate) * up), [gate | up] = (rms_norm(x) * norm_w) .
   // gate_up^T. x, y act [T, H]; norm_w f32 [H]; gate_up [2I, H], down [H, I]. The default runs
-  // add_rms_norm, linear_swiglu and linear_weight (CUDA at one token: one persistent kernel).
+  // add_rms_norm, linear_swiglu and linear_weight (CUDA has one persistent kernel for up to 8
+  // tokens, off by default: cuda::mlp_decode_tokens).
   virtual void residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,
                             const LinearWeight& down, Tensor out);
   // out act [T, I] = silu(gate) * up; gate, up act [T, I]
