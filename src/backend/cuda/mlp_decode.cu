@@ -26,8 +26,10 @@
 // arrival; the rings, full at the barrier, stop asking for copies, so down's stream starts again
 // after it and its arithmetic is exposed (about 0.8 us a unit a warp).
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -439,7 +441,7 @@ int smem_limit() {
   return limit;
 }
 
-MlpGeometry mlp_geometry(int H, int I, int group_gu, int group_dn, int T) {
+MlpGeometry compute_geometry(int H, int I, int group_gu, int group_dn, int T) {
   MlpGeometry g;
   g.slot_bytes = std::max(qgemv::tiled_weight(nullptr, H, group_gu).unit_bytes,
                           qgemv::tiled_weight(nullptr, I, group_dn).unit_bytes);
@@ -459,6 +461,15 @@ MlpGeometry mlp_geometry(int H, int I, int group_gu, int group_dn, int T) {
   g.max_contrib_gu = max_contributors(g.row_blocks_gu, g.units_gu, g.warps_gu);
   g.max_contrib_dn = max_contributors(g.row_blocks_dn, g.units_dn, g.warps_dn);
   return g;
+}
+
+// The geometry of a shape, computed once (max_contributors walks every row block).
+MlpGeometry mlp_geometry(int H, int I, int group_gu, int group_dn, int T) {
+  static std::map<std::array<int, 5>, MlpGeometry> known;
+  const std::array<int, 5> key{H, I, group_gu, group_dn, T};
+  auto it = known.find(key);
+  if (it == known.end()) it = known.emplace(key, compute_geometry(H, I, group_gu, group_dn, T)).first;
+  return it->second;
 }
 
 size_t gated_bytes(int I, int T) { return (size_t(T) * I * sizeof(bf16) + 255) / 256 * 256; }
