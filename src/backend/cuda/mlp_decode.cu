@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <map>
+#include <mutex>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -465,7 +466,9 @@ MlpGeometry compute_geometry(int H, int I, int group_gu, int group_dn, int T) {
 
 // The geometry of a shape, computed once (max_contributors walks every row block).
 MlpGeometry mlp_geometry(int H, int I, int group_gu, int group_dn, int T) {
+  static std::mutex mutex;
   static std::map<std::array<int, 5>, MlpGeometry> known;
+  const std::lock_guard<std::mutex> lock(mutex);
   const std::array<int, 5> key{H, I, group_gu, group_dn, T};
   auto it = known.find(key);
   if (it == known.end()) it = known.emplace(key, compute_geometry(H, I, group_gu, group_dn, T)).first;
