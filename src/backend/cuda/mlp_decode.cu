@@ -92,12 +92,20 @@ __device__ __forceinline__ UnitCursor share_of(const MlpLinear& L, int gw, int& 
   return UnitCursor{static_cast<int>(b / L.w.n_units), static_cast<int>(b % L.w.n_units)};
 }
 
-// Chunks of unit u of a weight (the last may be short) and the bytes of its copy.
+// Chunks of unit u of a weight (the last may be short).
 __device__ __forceinline__ int unit_chunks_of(const W4Tiled& w, int u) {
   return min(kUnitChunks, w.n_chunks - u * kUnitChunks);
 }
-__device__ __forceinline__ uint32_t unit_copy_bytes(const W4Tiled& w, int nc) {
-  return nc == kUnitChunks ? w.unit_bytes : w.slots * kSlotBytes + nc * kChunkBytes;
+
+// 8 bf16 values of x + y, each sum rounded to bf16 (the residual add as add_rms_norm stores it).
+__device__ __forceinline__ uint4 add8(uint4 x, uint4 y) {
+  const auto* xa = reinterpret_cast<const __nv_bfloat16*>(&x);
+  const auto* ya = reinterpret_cast<const __nv_bfloat16*>(&y);
+  uint4 s;
+  auto* sa = reinterpret_cast<__nv_bfloat16*>(&s);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) sa[e] = to_bf16(to_f32(xa[e]) + to_f32(ya[e]));
+  return s;
 }
 
 // The lane's inputs for the chunks of unit u: columns [64 c + 16 q4, + 16) of its chunks c, in its
@@ -217,7 +225,7 @@ __global__ void __launch_bounds__(kMlpWarps * 32, 1)
   auto request_next = [&] {  // lane 0
     if (rq_j == n0) rq = start1;
     auto issue = [&](const W4Tiled& w) {
-      const uint32_t bytes = unit_copy_bytes(w, unit_chunks_of(w, rq.u));
+      const uint32_t bytes = w.copy_bytes(unit_chunks_of(w, rq.u));
       uint64_t* bar = &full[rq_j % S];
       mbar_arrive_expect_tx(bar, bytes);
       bulk_copy_g2s(ring + (rq_j % S) * slot_bytes, w.unit(rq.rb, rq.u), bytes, bar);
@@ -267,16 +275,10 @@ __global__ void __launch_bounds__(kMlpWarps * 32, 1)
 #pragma unroll
       for (int q = 0; q < 4; ++q)
         if (t0 + q < T) {
-          const auto* xa = reinterpret_cast<const __nv_bfloat16*>(&xv[q]);
-          const auto* ya = reinterpret_cast<const __nv_bfloat16*>(&yv[q]);
-          uint4 sv;
-          auto* sa = reinterpret_cast<__nv_bfloat16*>(&sv);
+          const uint4 sv = add8(xv[q], yv[q]);
+          const auto* sa = reinterpret_cast<const __nv_bfloat16*>(&sv);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            sa[e] = to_bf16(to_f32(xa[e]) + to_f32(ya[e]));
-            const float f = to_f32(sa[e]);
-            ss[t0 + q] += f * f;
-          }
+          for (int e = 0; e < 8; ++e) ss[t0 + q] += to_f32(sa[e]) * to_f32(sa[e]);
           *reinterpret_cast<uint4*>(h + (t0 + q) * h_stride + 8 * c) = sv;
         }
     }
@@ -356,16 +358,8 @@ __global__ void __launch_bounds__(kMlpWarps * 32, 1)
   __syncwarp();
   pdl_trigger();  // every block is resident: the next kernel may be scheduled beside the rest
   if (blockIdx.x == 0)  // the residual add, now that no block reads x
-    for (int i = threadIdx.x; i < T * nv; i += blockDim.x) {
-      const uint4 xv = reinterpret_cast<const uint4*>(x)[i], yv = reinterpret_cast<const uint4*>(y)[i];
-      const auto* xa = reinterpret_cast<const __nv_bfloat16*>(&xv);
-      const auto* ya = reinterpret_cast<const __nv_bfloat16*>(&yv);
-      uint4 sv;
-      auto* sa = reinterpret_cast<__nv_bfloat16*>(&sv);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sa[e] = to_bf16(to_f32(xa[e]) + to_f32(ya[e]));
-      reinterpret_cast<uint4*>(x)[i] = sv;
-    }
+    for (int i = threadIdx.x; i < T * nv; i += blockDim.x)
+      reinterpret_cast<uint4*>(x)[i] = add8(reinterpret_cast<const uint4*>(x)[i], reinterpret_cast<const uint4*>(y)[i]);
 
   // down: inputs from gated (global memory), loaded a unit ahead; outputs to out.
 #pragma unroll

@@ -90,6 +90,12 @@ struct W4Tiled {
     return (int64_t(rb) * n_units + u) * unit_bytes;
   }
   __device__ __forceinline__ const unsigned char* unit(int rb, int u) const { return base + unit_offset(rb, u); }
+  // Bytes of one copy of n chunks of a row block from a unit's start: whole units, then a short
+  // unit's scales and its chunks.
+  __device__ __forceinline__ uint32_t copy_bytes(int n) const {
+    const int rem = n % kUnitChunks;
+    return n / kUnitChunks * unit_bytes + (rem ? slots * kSlotBytes + rem * kChunkBytes : 0);
+  }
 
   struct Frag {
     uint4 w;    // word j: k-step j, nibbles r and r + 4 = A register r

@@ -270,8 +270,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   // Stage i of row warp wp (units c_begin / kUnitChunks + SU i .. of its 16-row block; the last
   // may end on a short unit) into slot i % S.
   auto request = [&](int wp, int i) {
-    const int n = min(SC, c_end - c_begin - i * SC), slot = wp * S + i % S, rem = n % kUnitChunks;
-    const uint32_t bytes = n / kUnitChunks * w.unit_bytes + (rem ? w.slots * kSlotBytes + rem * kChunkBytes : 0);
+    const int n = min(SC, c_end - c_begin - i * SC), slot = wp * S + i % S;
+    const uint32_t bytes = w.copy_bytes(n);
     mbar_arrive_expect_tx(&full[slot], bytes);
     bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * warps + wp, c_begin / kUnitChunks + i * SU), bytes,
                   &full[slot]);
