@@ -40,14 +40,18 @@ CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_sl
   return g;
 }
 
-void Qwen35Model::linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs) {
+void Qwen35Model::linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs, const ConvOfFirst* conv) {
   size_t n_grouped = 0;
   for (const FusedLinear::Group& g : w.groups) n_grouped += g.n_parts;
   DS_ASSERT(outs.size() == w.rows.size() && n_grouped == w.rows.size(),
             "%zu outputs for a fused linear of %zu parts, %zu of them in groups", outs.size(), w.rows.size(), n_grouped);
   const Tensor* part = outs.begin();
   for (const FusedLinear::Group& g : w.groups) {
-    ops_.linear_parts(x, g.w, std::span<const Tensor>(part, g.n_parts), part != outs.begin());
+    const std::span<const Tensor> parts(part, g.n_parts);
+    if (conv && part == outs.begin())
+      ops_.linear_parts_conv1d_silu(x, g.w, parts, false, conv->w, conv->state_layer, conv->out);
+    else
+      ops_.linear_parts(x, g.w, parts, part != outs.begin());
     part += g.n_parts;
   }
 }
@@ -61,10 +65,9 @@ Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
   Tensor z = act({T, Hv * dv});
   Tensor b = act({T, Hv});
   Tensor a = act({T, Hv});
-  linear(h, w.in_proj, {mixed_qkv, z, b, a});
-
   Tensor qkv = act({T, C});  // silu(causal_conv1d(mixed_qkv)) = [q | k | v]
-  ops_.conv1d_silu(mixed_qkv, w.conv1d, L.cache_index, qkv);
+  const ConvOfFirst conv{w.conv1d, L.cache_index, qkv};
+  linear(h, w.in_proj, {mixed_qkv, z, b, a}, &conv);
 
   GdnShape shape{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
                  cfg_.linear_value_head_dim};

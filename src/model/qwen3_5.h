@@ -125,8 +125,15 @@ class Qwen35Model {
   void decoder_layer(const LayerWeights& L, Tensor x, const Tensor* pending, Tensor mlp_out);
   Tensor logits_of(Tensor hn, int64_t n_out);
   Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }
-  // outs[i] act [T, rows[i]] = x act [T, K] . (part i of w)^T; one Ops::linear_parts per group
-  void linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs);
+  // outs[i] act [T, rows[i]] = x act [T, K] . (part i of w)^T; one Ops::linear_parts per group.
+  // conv (the GDN's in_proj): then conv->out = conv1d_silu(outs[0]), the first group's op
+  // (Ops::linear_parts_conv1d_silu) doing both.
+  struct ConvOfFirst {
+    Tensor w;
+    int state_layer;
+    Tensor out;
+  };
+  void linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs, const ConvOfFirst* conv = nullptr);
 
   ModelConfig cfg_;
   ModelWeights w_;

@@ -139,6 +139,14 @@ class Ops {
   // op ends. Results are the same either way.
   virtual void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
                             bool after_same_input = false);
+  // linear_parts, then conv1d_silu(outs[0], conv_w, state_layer, conv_out): the GDN's in_proj,
+  // whose first part (mixed_qkv) the conv takes. The default runs the two ops (CUDA's split-K
+  // GEMV can convolve its rows in its epilogue at decode and verify: cuda::w4a16_gemv_fuses_conv).
+  virtual void linear_parts_conv1d_silu(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
+                                        bool after_same_input, Tensor conv_w, int state_layer, Tensor conv_out) {
+    linear_parts(x, w, outs, after_same_input);
+    conv1d_silu(outs[0], conv_w, state_layer, conv_out);
+  }
   // out act [T, N] = act(a, b) . W^T, act(a, b) = silu(a) * b (kSiluMul: the MLP's down_proj) or
   // a * sigmoid(b) (kMulSigmoid: the attention's o_proj); a, b act [T, K]. The default runs
   // silu_mul or sigmoid_mul, then linear_weight; a may be overwritten. (CUDA gates the input while

@@ -6,7 +6,7 @@
 // GEMV's epilogue (linear_swiglu); the int8 group-128 lm_head (GEMV for
 // T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against CpuOps' int8
 // twin; Ops::residual_mlp's persistent kernel (mlp_decode.cu) against the separate kernels and
-// the CPU. Figures: the streaming ceilings of the GEMVs' ways of reading weights, and timings at the
+// the CPU; the GDN in_proj's conv in the GEMV epilogue against the separate conv. Figures: the streaming ceilings of the GEMVs' ways of reading weights, and timings at the
 // Qwen3.8-27B shapes. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
@@ -42,7 +42,9 @@ struct GemvSettingsRestored {
   bool x_smem = cuda::w4a16_gemv_x_smem();
   bool wide = cuda::w4a16_gemv_wide();
   int mlp_tokens = cuda::mlp_decode_tokens();
+  bool conv = cuda::w4a16_gemv_conv();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_gemv_conv(conv);
     cuda::set_mlp_decode_tokens(mlp_tokens);
     cuda::set_w4a16_gemv_wide(wide);
     cuda::set_w4a16_gemv_x_smem(x_smem);
@@ -368,6 +370,89 @@ TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
         gpu->reset_scratch();
         cpu.reset_scratch();
       }
+  }
+}
+
+// The GDN's in_proj with its conv (Ops::linear_parts_conv1d_silu): CUDA's split-K GEMV convolves
+// the first part's rows in its epilogue at up to 8 tokens a step; against the two ops on a second
+// CudaOps of the same weights and caches (every output bit for bit, over steps that carry the
+// conv state: fresh sequences, decode, verify-sized steps, several sequences) and against the CPU.
+// Shapes: conv channels filling whole 128-row tiles, ending inside one, and the 27B's.
+TEST_F(CudaLinearQuantTest, InProjConvMatchesSeparate) {
+  const GemvSettingsRestored restore;
+  cuda::set_w4a16_gemv_conv(true);  // off by default
+  struct Shape {
+    int C, Z, K;
+  };
+  const int Kc = 4;
+  for (const Shape& sh : {Shape{384, 128, 1024}, Shape{200, 56, 1024}, Shape{10240, 6144, 5120}}) {
+    const int C = sh.C, N = sh.C + sh.Z, K = sh.K;
+    CudaOps fused_ops, apart_ops;
+    CpuOps cpu_ops;
+    CacheGeometry g;
+    g.n_state_layers = 1, g.n_slots = 4, g.conv_rows = Kc - 1, g.conv_dim = C, g.n_v_heads = 1, g.k_head_dim = 1,
+    g.v_head_dim = 1, g.n_kv_layers = 1, g.n_blocks = 1, g.n_kv_heads = 1, g.head_dim = 1;
+    fused_ops.alloc_caches(g);
+    apart_ops.alloc_caches(g);
+    cpu_ops.alloc_caches(g);
+    std::mt19937 wrng = rng;  // the same weight on both GPU backends
+    W4Case c = make_w4(fused_ops, wrng, N, K, 128);
+    wrng = rng;
+    W4Case c_apart = make_w4(apart_ops, wrng, N, K, 128);
+    rng = wrng;
+    LinearWeight w_cpu;
+    w_cpu.dense = cpu_ops.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+    const std::vector<float> cw = random_bf16(size_t(C) * Kc, rng, 0.5f);
+    Tensor cw_gpu = fused_ops.upload(cw.data(), DType::kF32, {C, Kc}, DType::kF32);
+    Tensor cw_apart = apart_ops.upload(cw.data(), DType::kF32, {C, Kc}, DType::kF32);
+    Tensor cw_cpu = cpu_ops.upload(cw.data(), DType::kF32, {C, Kc}, DType::kF32);
+    // New tokens of the 3 sequences a step (their n_past accumulate): fresh ones, decode, verify.
+    std::vector<int> past = {0, 0, 0};
+    // (CudaOps fuses steps of up to 2 sequences: one walk a thread in the epilogue.)
+    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 2, 0}, {0, 1, 1}, {0, 4, 4}, {1, 0, 0}}) {
+      StepPlan p;
+      p.cu_seqlens = {0};
+      for (int s = 0; s < 3; ++s) {
+        if (lens[s] == 0) continue;
+        for (int i = 0; i < lens[s]; ++i) p.positions.push_back(past[s] + i), p.token_ids.push_back(1);
+        p.cu_seqlens.push_back(p.cu_seqlens.back() + lens[s]);
+        p.n_past.push_back(past[s]);
+        p.state_slots.push_back(s);
+        p.block_tables.push_back(0);
+      }
+      p.max_blocks = 1;
+      const int T = p.cu_seqlens.back();
+      p.logit_rows = {T - 1};
+      fused_ops.begin_step(p);
+      apart_ops.begin_step(p);
+      cpu_ops.begin_step(p);
+      std::string what = "C" + std::to_string(C) + " N" + std::to_string(N) + " K" + std::to_string(K) + " T" +
+                         std::to_string(T);
+      EXPECT_TRUE(cuda::w4a16_gemv_fuses_conv(T, N, K, 128)) << what;
+      const std::vector<float> x = random_bf16(size_t(T) * K, rng);
+      auto run = [&](Ops& ops, const LinearWeight& w, Tensor conv_w, DType dt) {
+        Tensor xt = ops.upload(x.data(), DType::kF32, {T, K}, dt);
+        const Tensor outs[2] = {ops.scratch(dt, {T, C}), ops.scratch(dt, {T, sh.Z})};
+        Tensor conv_out = ops.scratch(dt, {T, C});
+        ops.linear_parts_conv1d_silu(xt, w, outs, false, conv_w, 0, conv_out);
+        std::vector<std::vector<float>> r;
+        for (Tensor t : {outs[0], outs[1], conv_out}) {
+          r.emplace_back(t.numel());
+          ops.download_f32(t, r.back().data());
+        }
+        ops.reset_scratch();
+        return r;
+      };
+      const auto fused = run(fused_ops, c.gpu_w, cw_gpu, DType::kBF16);
+      const auto apart = run(apart_ops, c_apart.gpu_w, cw_apart, DType::kBF16);
+      const auto ref = run(cpu_ops, w_cpu, cw_cpu, DType::kF32);
+      const char* names[3] = {" mixed", " z", " conv"};
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(fused[i], apart[i]) << what << names[i];
+        EXPECT_LE(rel_rms(fused[i], ref[i]), 1e-2) << what << names[i];
+      }
+      for (int s = 0; s < 3; ++s) past[s] += lens[s];
+    }
   }
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/conv1d.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
@@ -23,19 +24,6 @@ __device__ __forceinline__ float window_at(const bf16* mixed, const bf16* state_
                                           int c, int C) {
   if (j < R) return fresh ? 0.f : to_f32(state_s[int64_t(j) * C + c]);
   return to_f32(mixed[int64_t(t0 + j - R) * C + c]);
-}
-
-// Sequence s of a step: its new tokens [t0, t0 + T) and its conv state, R = K - 1 rows in slot
-// slots[s] (read as zeros for a fresh sequence, n_past 0).
-struct ConvSeq {
-  int t0, T, R;
-  bf16* state;
-  bool fresh;
-};
-__device__ __forceinline__ ConvSeq conv_seq(int s, bf16* state, const int32_t* cu_seqlens, const int32_t* n_past,
-                                            const int32_t* slots, int C, int K) {
-  const int t0 = cu_seqlens[s], R = K - 1;
-  return {t0, cu_seqlens[s + 1] - t0, R, state + int64_t(slots[s]) * R * C, n_past[s] == 0};
 }
 
 // grid (T, ceil(C / blockDim)): one thread per (token, channel)
@@ -69,8 +57,6 @@ __global__ void conv1d_state_kernel(const bf16* mixed, bf16* state, const int32_
     q.state[int64_t(j) * C + c] = to_bf16(window_at(mixed, q.state, q.fresh, q.t0, q.R, q.T + j, c, C));
 }
 
-constexpr int kMaxShortK = 8;  // kernel widths the one-kernel path holds in registers
-
 // grid (n_seqs, ceil(C / blockDim)): thread (s, c) convolves the sequence's tokens in order with
 // the window [state; tokens] in registers, then stores the last K - 1 rows as the new state.
 // The weights and the conv state load before pdl_wait: no kernel writes weights, and no kernel of
@@ -82,30 +68,11 @@ __global__ void conv1d_short_kernel(const bf16* mixed, const float* w, bf16* sta
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
   const ConvSeq q = conv_seq(blockIdx.x, state, cu_seqlens, n_past, slots, C, K);
   if (c >= C || q.T == 0) return;
-  float win[kMaxShortK], wk[kMaxShortK];
-#pragma unroll
-  for (int j = 0; j < kMaxShortK; ++j) {
-    wk[j] = j < K ? w[int64_t(c) * K + j] : 0.f;
-    win[j] = j < q.R && !q.fresh ? to_f32(q.state[int64_t(j) * C + c]) : 0.f;
-  }
+  ConvWalk walk;
+  walk.load(w, q, c, C, K);
   pdl_wait();  // launch.cuh: mixed comes from the kernels before
   pdl_trigger();
-  for (int t = q.t0; t < q.t0 + q.T; ++t) {
-#pragma unroll
-    for (int j = 0; j < kMaxShortK; ++j)
-      if (j == q.R) win[j] = to_f32(mixed[int64_t(t) * C + c]);
-    float acc = 0.f;
-#pragma unroll
-    for (int j = 0; j < kMaxShortK; ++j)
-      if (j < K) acc += wk[j] * win[j];
-    out[int64_t(t) * C + c] = to_bf16(silu_f(acc));
-#pragma unroll
-    for (int j = 0; j + 1 < kMaxShortK; ++j)
-      if (j < q.R) win[j] = win[j + 1];
-  }
-#pragma unroll
-  for (int j = 0; j < kMaxShortK; ++j)
-    if (j < q.R) q.state[int64_t(j) * C + c] = to_bf16(win[j]);
+  walk.walk(mixed, out, q, c, C, K);
 }
 
 // Steps of 2..kConvShortChunk tokens a sequence (verify): grid (n_seqs, ceil(C / 32)), block

@@ -450,6 +450,50 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   }
 }
 
+constexpr int kConvGemvMaxSeqs = 2;
+
+void CudaOps::linear_parts_conv1d_silu(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
+                                       bool after_same_input, Tensor conv_w, int layer, Tensor conv_out) {
+  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
+  const int C = static_cast<int>(outs[0].dim(1)), Kc = static_cast<int>(conv_w.dim(1));
+  // At most kConvGemvMaxSeqs sequences: the last block of a tile walks its 128 channels of each
+  // sequence, one walk a thread (at 8 sequences, 4 walks a thread one after another cost C8 0.12
+  // ms a step more than the conv kernel on the H200: docs/perf/2026-12-02-s20-cuda-27b.md).
+  const bool fused = w.quantized() && w.format == WeightFormat::kW4A16Tiled && !w.paired &&
+                     outs.size() <= size_t(cuda::kGemvMaxParts) && T == plan_.n_tokens() &&
+                     plan_.n_seqs() <= kConvGemvMaxSeqs && C == geo_.conv_dim && Kc - 1 == geo_.conv_rows &&
+                     Kc <= cuda::kConvMaxShortK && w4a16_takes_gemv(T) &&
+                     cuda::w4a16_gemv_fuses_conv(T, static_cast<int>(w.rows), K, w.group_size);
+  if (!fused) {
+    Ops::linear_parts_conv1d_silu(x, w, outs, after_same_input, conv_w, layer, conv_out);
+    return;
+  }
+  check_parts(x, w, outs);
+  expect_bf16(x, "linear_parts_conv1d_silu x");
+  expect_f32(conv_w, "linear_parts_conv1d_silu conv weight");
+  expect_bf16(conv_out, "linear_parts_conv1d_silu conv out");
+  DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
+  DS_ASSERT(conv_out.numel() == int64_t(T) * C, "linear_parts_conv1d_silu: conv out %s for %d tokens of %d channels",
+            conv_out.shape_str().c_str(), T, C);
+  cuda::GemvOut o;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    expect_bf16(outs[i], "linear_parts_conv1d_silu out");
+    o.ptr[i] = B(outs[i]);
+    o.rows[i] = static_cast<int>(outs[i].dim(1));
+  }
+  o.n_parts = static_cast<int>(outs.size());
+  o.conv.w = F(conv_w);
+  o.conv.state = impl_->conv_states + size_t(layer) * geo_.n_slots * geo_.conv_rows * geo_.conv_dim;
+  o.conv.out = B(conv_out);
+  o.conv.cu_seqlens = impl_->cu_seqlens;
+  o.conv.n_past = impl_->n_past;
+  o.conv.slots = impl_->slots;
+  o.conv.n_seqs = plan_.n_seqs();
+  o.conv.C = C;
+  o.conv.K = Kc;
+  linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
+}
+
 void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
   // A W4A16 GEMV whose launch stages its input in shared memory gates it there (w4a16.cu).
   const int T = static_cast<int>(a.dim(0)), K = static_cast<int>(a.dim(1));

@@ -69,6 +69,10 @@ class CudaOps final : public Ops {
   // that GEMV's tail: its kernel waits for the GEMV only before it ends (launch_small_gemv).
   void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
                     bool after_same_input = false) override;
+  // The conv in the epilogue of the in_proj's split-K GEMV at up to 8 tokens and 2 sequences a
+  // step where cuda::w4a16_gemv_fuses_conv (off by default), else the two ops.
+  void linear_parts_conv1d_silu(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool after_same_input,
+                                Tensor conv_w, int state_layer, Tensor conv_out) override;
   void add(Tensor x, Tensor y) override;
   void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) override;
   void residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,

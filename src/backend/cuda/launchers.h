@@ -74,11 +74,26 @@ constexpr int kGemvMaxParts = 4;
 // weight, W4A16 launches of up to kGemvSwigluMaxTokens tokens, their one token tile): the GEMV
 // writes only bf16 [T, N / 2] = silu(gate) * up of each pair, each rounded to bf16 first.
 constexpr int kGemvSwigluMaxTokens = 8;
+// conv (Ops::linear_parts_conv1d_silu, the GDN's in_proj at decode): the first C rows of part 0
+// are also convolved (causal depthwise conv1d of width K from each sequence's conv state, then
+// SiLU, as launch_conv1d_silu) into out bf16 [T, C], and the state updated, by the epilogue of a
+// split-K launch (w4a16_gemv_fuses_conv): the last block of a tile takes its rows. The step plan's
+// sequences: cu_seqlens, n_past and slots of n_seqs, device arrays as for launch_conv1d_silu.
+struct GemvConv {
+  const float* w = nullptr;  // f32 [C, K]
+  bf16* state = nullptr;     // the layer's conv state, bf16 [slots][K - 1][C]
+  bf16* out = nullptr;
+  const int32_t* cu_seqlens = nullptr;
+  const int32_t* n_past = nullptr;
+  const int32_t* slots = nullptr;
+  int n_seqs = 0, C = 0, K = 0;
+};
 struct GemvOut {
   bf16* ptr[kGemvMaxParts] = {};
   int rows[kGemvMaxParts] = {};
   int n_parts = 0;
   bf16* swiglu = nullptr;
+  GemvConv conv;  // conv.out null: none
 
   static GemvOut whole(bf16* out, int N) {
     GemvOut o;
@@ -141,6 +156,11 @@ void set_w4a16_gemv_x_smem(bool on);
 // may switch it.
 bool w4a16_gemv_wide();
 void set_w4a16_gemv_wide(bool on);
+// The GDN's conv1d in the epilogue of its in_proj's GEMV (w4a16_gemv_fuses_conv). Off by default
+// (env DS_W4A16_CONV=1: on): it shortens one-token steps but not 8-token ones, and verify 8 /
+// verify 1 must stay within 1.15 (docs/perf/2026-12-02-s20-cuda-27b.md).
+bool w4a16_gemv_conv();
+void set_w4a16_gemv_conv(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();
@@ -185,6 +205,10 @@ enum class GemvGate : int { kNone, kSiluMul, kMulSigmoid };
 // Whether T tokens take one launch that can gate its input (the TMA GEMV, T <= 8 and within
 // w4a16_gemv_tokens, its inputs in shared memory).
 bool w4a16_gemv_gates_input(int T, int N, int K, int group);
+// Whether T tokens take one split-K launch of the one-tile GEMV with its inputs in shared memory,
+// whose epilogue can apply a GemvOut::conv (T <= 8 within w4a16_gemv_tokens, the TMA kernel), and
+// w4a16_gemv_conv is on.
+bool w4a16_gemv_fuses_conv(int T, int N, int K, int group);
 // Whether a W4A16 GEMV launch of T tokens can write a swiglu output (GemvOut: one token tile).
 bool w4a16_gemv_writes_swiglu(int T);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
@@ -245,6 +269,7 @@ void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, 
 // seq_of_token i32 [T]; cu_seqlens i32 [n_seqs+1]; n_past, slots i32 [n_seqs]. max_chunk: the
 // most tokens of one sequence; up to kConvShortChunk take the one-kernel path.
 constexpr int kConvShortChunk = 16;
+constexpr int kConvMaxShortK = 8;  // conv widths the one-kernel path (and a GEMV's conv) holds in registers
 void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* out, const int32_t* seq_of_token,
                         const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int T, int n_seqs,
                         int C, int K, int max_chunk, cudaStream_t s);

@@ -248,8 +248,9 @@ __device__ __forceinline__ V sum_splits(const V* p, int64_t stride, int splits) 
 }
 
 // The block's results to out: directly without split-K, else through the partials (the last
-// block of the tile sums them). Every thread of the block calls it.
-template <int NT>
+// block of the tile sums them). Every thread of the block calls it. Conv: the kernel may be given
+// an out.conv (qgemv_tma.cuh's one-tile kernel), applied after the tile's sums.
+template <int NT, bool Conv = false>
 __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const OutParts& out,
                                               float* __restrict__ partial, int* __restrict__ counters, int T, int N,
                                               int rb, int lane) {
@@ -276,6 +277,17 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
   __syncthreads();
   if (!is_last) return;
   const int n0 = blockIdx.x * kTileRows;
+  // The tile's rows are stored: its conv channels (out.conv), then the counter ready for the next
+  // launch.
+  auto finish = [&] {
+    if constexpr (Conv) {
+      if (out.conv.out) {
+        __syncthreads();  // every row stored and visible to the block
+        out.conv_rows(n0, n0 + kTileRows);
+      }
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+  };
   const int64_t split_stride = int64_t(T) * N;
   // The split sums (the other blocks' partials, read after the acquire). One token tile:
   // kSumBatch splits loaded at once, 4 rows of a token a thread where N % 4 == 0 (16-byte loads;
@@ -290,7 +302,7 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
         const int t = i / (kTileRows / 2), j = i % (kTileRows / 2), n = n0 + (j / 8) * 16 + j % 8;
         if (n < N) out.store_swiglu(t, n0 / 2 + j, sum_of(t, n), sum_of(t, n + 8));
       }
-      if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+      finish();
       return;
     }
     if (N % 4 == 0) {
@@ -304,7 +316,7 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
         out.store(t, n + 2, v.z);
         out.store(t, n + 3, v.w);
       }
-      if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+      finish();
       return;
     }
   }
@@ -312,7 +324,7 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
     const int t = i / kTileRows, n = n0 + i % kTileRows;
     if (n < N) out.store(t, n, sum_of(t, n));
   }
-  if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch
+  finish();
 }
 
 // Chunks [c_begin, c_end) of this block's split.

@@ -188,6 +188,7 @@ int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
 bool g_wide = env_flag("DS_W4A16_WIDE", true);
+bool g_conv = env_flag("DS_W4A16_CONV", false);
 
 // -1: the default of w4a16_gemv_tokens.
 int g_tokens = [] {
@@ -322,6 +323,8 @@ bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
 bool w4a16_gemv_wide() { return g_wide; }
 void set_w4a16_gemv_wide(bool on) { g_wide = on; }
+bool w4a16_gemv_conv() { return g_conv; }
+void set_w4a16_gemv_conv(bool on) { g_conv = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   if (takes_wide(T)) {  // partial [splits, T, N] must hold the wide kernel's partials
@@ -344,6 +347,14 @@ bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
          qgemv::tma_x_smem_fits(1, T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes, true);
 }
 
+bool w4a16_gemv_fuses_conv(int T, int N, int K, int group) {
+  if (!(g_conv && T >= 1 && T <= kGemvSwigluMaxTokens && T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && g_x_smem &&
+        !takes_wide(T) && w4a16_tiled_supports(K, group)))
+    return false;
+  const int splits = w4a16_gemv_splits(T, N, K);
+  return splits > 1 && qgemv::tma_x_smem_fits(1, T, K, splits, UnitShape(group).bytes, false);
+}
+
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate) {
   if (T == 0) return;
@@ -356,6 +367,9 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   DS_ASSERT(gate == GemvGate::kNone || (xb && w4a16_gemv_tma()),
             "W4A16 GEMV: a gated input needs its second input and the TMA kernel (T %d, N %d, K %d)", T, N, K);
   DS_ASSERT(!out.swiglu || w4a16_gemv_writes_swiglu(T), "W4A16 GEMV: a swiglu output at %d tokens a launch", T);
+  DS_ASSERT(!out.conv.out || (splits > 1 && w4a16_gemv_fuses_conv(T, N, K, group)),
+            "W4A16 GEMV: a conv output needs one split-K launch with its inputs in shared memory (T %d, splits %d)", T,
+            splits);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
   if (takes_wide(T)) {
