@@ -430,11 +430,18 @@ TEST_F(CudaLinearQuantTest, InProjConvMatchesSeparate) {
                          std::to_string(T);
       EXPECT_TRUE(cuda::w4a16_gemv_fuses_conv(T, N, K, 128)) << what;
       const std::vector<float> x = random_bf16(size_t(T) * K, rng);
-      auto run = [&](Ops& ops, const LinearWeight& w, Tensor conv_w, DType dt) {
+      // two_ops: linear_parts, then conv1d_silu (the switch is the process's, so the second
+      // CudaOps must not take the fused op).
+      auto run = [&](Ops& ops, const LinearWeight& w, Tensor conv_w, DType dt, bool two_ops) {
         Tensor xt = ops.upload(x.data(), DType::kF32, {T, K}, dt);
         const Tensor outs[2] = {ops.scratch(dt, {T, C}), ops.scratch(dt, {T, sh.Z})};
         Tensor conv_out = ops.scratch(dt, {T, C});
-        ops.linear_parts_conv1d_silu(xt, w, outs, false, conv_w, 0, conv_out);
+        if (two_ops) {
+          ops.linear_parts(xt, w, outs);
+          ops.conv1d_silu(outs[0], conv_w, 0, conv_out);
+        } else {
+          ops.linear_parts_conv1d_silu(xt, w, outs, false, conv_w, 0, conv_out);
+        }
         std::vector<std::vector<float>> r;
         for (Tensor t : {outs[0], outs[1], conv_out}) {
           r.emplace_back(t.numel());
@@ -443,9 +450,9 @@ TEST_F(CudaLinearQuantTest, InProjConvMatchesSeparate) {
         ops.reset_scratch();
         return r;
       };
-      const auto fused = run(fused_ops, c.gpu_w, cw_gpu, DType::kBF16);
-      const auto apart = run(apart_ops, c_apart.gpu_w, cw_apart, DType::kBF16);
-      const auto ref = run(cpu_ops, w_cpu, cw_cpu, DType::kF32);
+      const auto fused = run(fused_ops, c.gpu_w, cw_gpu, DType::kBF16, false);
+      const auto apart = run(apart_ops, c_apart.gpu_w, cw_apart, DType::kBF16, true);
+      const auto ref = run(cpu_ops, w_cpu, cw_cpu, DType::kF32, false);
       const char* names[3] = {" mixed", " z", " conv"};
       for (int i = 0; i < 3; ++i) {
         EXPECT_EQ(fused[i], apart[i]) << what << names[i];
