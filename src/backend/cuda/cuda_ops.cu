@@ -86,6 +86,18 @@ void expect_f32(const Tensor& t, const char* what) {
 }
 bf16* B(const Tensor& t) { return static_cast<bf16*>(t.data); }
 float* F(const Tensor& t) { return static_cast<float*>(t.data); }
+
+// A GEMV's outputs, one part each of outs act [T, rows_i] (at most kGemvMaxParts).
+cuda::GemvOut gemv_out_of(std::span<const Tensor> outs, const char* what) {
+  cuda::GemvOut o;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    expect_bf16(outs[i], what);
+    o.ptr[i] = B(outs[i]);
+    o.rows[i] = static_cast<int>(outs[i].dim(1));
+  }
+  o.n_parts = static_cast<int>(outs.size());
+  return o;
+}
 }  // namespace
 
 CudaOps::CudaOps(const CudaOpsOptions& options) : impl_(new Impl()), options_(options) {
@@ -432,13 +444,7 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   }
   check_parts(x, w, outs);
   expect_bf16(x, "linear_parts x");
-  cuda::GemvOut o;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    expect_bf16(outs[i], "linear_parts out");
-    o.ptr[i] = B(outs[i]);
-    o.rows[i] = static_cast<int>(outs[i].dim(1));
-  }
-  o.n_parts = static_cast<int>(outs.size());
+  const cuda::GemvOut o = gemv_out_of(outs, "linear_parts out");
   if (tiled && w.paired && w4a16_takes_gemv(T)) {
     linear_w4a16_paired_rows(B(x), T, K, w, o.ptr[0], o.ptr[1], false);
   } else if (tiled) {
@@ -475,13 +481,7 @@ void CudaOps::linear_parts_conv1d_silu(Tensor x, const LinearWeight& w, std::spa
   DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
   DS_ASSERT(conv_out.numel() == int64_t(T) * C, "linear_parts_conv1d_silu: conv out %s for %d tokens of %d channels",
             conv_out.shape_str().c_str(), T, C);
-  cuda::GemvOut o;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    expect_bf16(outs[i], "linear_parts_conv1d_silu out");
-    o.ptr[i] = B(outs[i]);
-    o.rows[i] = static_cast<int>(outs[i].dim(1));
-  }
-  o.n_parts = static_cast<int>(outs.size());
+  cuda::GemvOut o = gemv_out_of(outs, "linear_parts_conv1d_silu out");
   o.conv.w = F(conv_w);
   o.conv.state = impl_->conv_states + size_t(layer) * geo_.n_slots * geo_.conv_rows * geo_.conv_dim;
   o.conv.out = B(conv_out);
