@@ -18,6 +18,19 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 // shares (silu_mul, paired_rows, the GEMV's staged input and its swiglu epilogue).
 __device__ __forceinline__ __nv_bfloat16 swiglu_bf16(float gate, float up) { return to_bf16(silu_f(gate) * up); }
 
+// op(a_i, b_i) for the 8 bf16 values packed in each of a and b, in fp32: op takes two floats and
+// returns the bf16 to store (its own rounding).
+template <class Op>
+__device__ __forceinline__ uint4 map_bf16x8(uint4 a, uint4 b, Op op) {
+  const auto* pa = reinterpret_cast<const __nv_bfloat16*>(&a);
+  const auto* pb = reinterpret_cast<const __nv_bfloat16*>(&b);
+  uint4 r;
+  auto* pr = reinterpret_cast<__nv_bfloat16*>(&r);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) pr[i] = op(to_f32(pa[i]), to_f32(pb[i]));
+  return r;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

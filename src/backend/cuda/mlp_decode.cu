@@ -99,13 +99,7 @@ __device__ __forceinline__ int unit_chunks_of(const W4Tiled& w, int u) {
 
 // 8 bf16 values of x + y, each sum rounded to bf16 (the residual add as add_rms_norm stores it).
 __device__ __forceinline__ uint4 add8(uint4 x, uint4 y) {
-  const auto* xa = reinterpret_cast<const __nv_bfloat16*>(&x);
-  const auto* ya = reinterpret_cast<const __nv_bfloat16*>(&y);
-  uint4 s;
-  auto* sa = reinterpret_cast<__nv_bfloat16*>(&s);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) sa[e] = to_bf16(to_f32(xa[e]) + to_f32(ya[e]));
-  return s;
+  return map_bf16x8(x, y, [](float a, float b) { return to_bf16(a + b); });
 }
 
 // The lane's inputs for the chunks of unit u: columns [64 c + 16 q4, + 16) of its chunks c, in its

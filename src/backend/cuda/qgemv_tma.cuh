@@ -192,16 +192,9 @@ inline size_t tma_x_smem_bytes(XSmemForm form, int T, int K, int splits, int uni
 // rounded to bf16.
 template <GemvGate G>
 __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
-  const auto* pa = reinterpret_cast<const __nv_bfloat16*>(&a);
-  const auto* pb = reinterpret_cast<const __nv_bfloat16*>(&b);
-  uint4 r;
-  auto* pr = reinterpret_cast<__nv_bfloat16*>(&r);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const float fa = __bfloat162float(pa[i]), fb = __bfloat162float(pb[i]);
-    pr[i] = G == GemvGate::kSiluMul ? swiglu_bf16(fa, fb) : to_bf16(fa * sigmoid_f(fb));
-  }
-  return r;
+  return map_bf16x8(a, b, [](float fa, float fb) {
+    return G == GemvGate::kSiluMul ? swiglu_bf16(fa, fb) : to_bf16(fa * sigmoid_f(fb));
+  });
 }
 
 // XSmem: the block's inputs for chunks [c_begin, c_end) of every token into x_smem (bf16
