@@ -478,12 +478,11 @@ void CudaOps::linear_parts_conv1d_silu(Tensor x, const LinearWeight& w, std::spa
   expect_bf16(x, "linear_parts_conv1d_silu x");
   expect_f32(conv_w, "linear_parts_conv1d_silu conv weight");
   expect_bf16(conv_out, "linear_parts_conv1d_silu conv out");
-  DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
   DS_ASSERT(conv_out.numel() == int64_t(T) * C, "linear_parts_conv1d_silu: conv out %s for %d tokens of %d channels",
             conv_out.shape_str().c_str(), T, C);
   cuda::GemvOut o = gemv_out_of(outs, "linear_parts_conv1d_silu out");
   o.conv.w = F(conv_w);
-  o.conv.state = impl_->conv_states + size_t(layer) * geo_.n_slots * geo_.conv_rows * geo_.conv_dim;
+  o.conv.state = static_cast<bf16*>(conv_state(layer));
   o.conv.out = B(conv_out);
   o.conv.cu_seqlens = impl_->cu_seqlens;
   o.conv.n_past = impl_->n_past;
@@ -725,10 +724,13 @@ void CudaOps::gdn_gates(Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, Tensor
 void CudaOps::conv1d_silu(Tensor mixed, Tensor w, int layer, Tensor out) {
   const int C = static_cast<int>(mixed.dim(1)), K = static_cast<int>(w.dim(1));
   DS_ASSERT(C == geo_.conv_dim && K - 1 == geo_.conv_rows, "conv geometry");
-  DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
-  bf16* state = impl_->conv_states + size_t(layer) * geo_.n_slots * geo_.conv_rows * geo_.conv_dim;
-  cuda::launch_conv1d_silu(B(mixed), F(w), state, B(out), impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
+  cuda::launch_conv1d_silu(B(mixed), F(w), static_cast<bf16*>(conv_state(layer)), B(out), impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
                            impl_->slots, plan_.n_tokens(), plan_.n_seqs(), C, K, max_chunk_, impl_->stream);
+}
+
+void* CudaOps::conv_state(int layer) {
+  DS_ASSERT(layer >= 0 && layer < geo_.n_state_layers, "state layer %d", layer);
+  return impl_->conv_states + size_t(layer) * geo_.n_slots * geo_.conv_rows * geo_.conv_dim;
 }
 
 void* CudaOps::gdn_state(const GdnShape& sh, int layer) {

@@ -113,6 +113,8 @@ class CudaOps final : public Ops {
   int dequant_block_rows(int N, int K) const;
   // The recurrent state pool of GDN layer `layer` [n_slots, Hv, dk, dv] (checks the shape).
   void* gdn_state(const GdnShape& shape, int layer);
+  // The conv state pool of GDN layer `layer`, bf16 [n_slots, conv_rows, conv_dim] (checks the layer).
+  void* conv_state(int layer);
   // The decode kernels' delta rule with its own gates (and, with norm.z, the gated norm):
   // gdn_gates_delta_rule and gdn_gates_delta_rule_norm at decode and verify.
   void gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape, int layer,

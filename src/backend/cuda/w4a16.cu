@@ -341,18 +341,23 @@ int w4a16_gemv_splits(int T, int N, int K) {
 
 bool w4a16_gemv_writes_swiglu(int T) { return T <= kGemvSwigluMaxTokens && !takes_wide(T); }
 
-bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
+namespace {
+// Whether T tokens take one launch of the TMA GEMV's one token tile that stages its inputs (gated
+// or not) in shared memory: what gating the input and the conv epilogue need.
+bool stages_inputs(int T, int K, int group, int splits, bool gated) {
   return T >= 1 && T <= 8 && T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && g_x_smem &&
-         w4a16_tiled_supports(K, group) &&
-         qgemv::tma_x_smem_fits(1, T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes, true);
+         w4a16_tiled_supports(K, group) && qgemv::tma_x_smem_fits(1, T, K, splits, UnitShape(group).bytes, gated);
+}
+}  // namespace
+
+bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
+  return T >= 1 && T <= 8 && stages_inputs(T, K, group, w4a16_gemv_splits(T, N, K), true);
 }
 
 bool w4a16_gemv_fuses_conv(int T, int N, int K, int group) {
-  if (!(g_conv && T >= 1 && T <= kGemvSwigluMaxTokens && T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && g_x_smem &&
-        !takes_wide(T) && w4a16_tiled_supports(K, group)))
-    return false;
+  if (!g_conv || T < 1 || T > 8) return false;
   const int splits = w4a16_gemv_splits(T, N, K);
-  return splits > 1 && qgemv::tma_x_smem_fits(1, T, K, splits, UnitShape(group).bytes, false);
+  return splits > 1 && stages_inputs(T, K, group, splits, false);
 }
 
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
