@@ -4,6 +4,9 @@
 # skipped), and a per-kernel table per step is printed: where a step's time goes, and how much
 # of the host-timed step is launch gaps rather than kernels.
 #   env: DS_PROFILE_ARGS  bench model arguments (default: --w4a16 --batches 1 --contexts 1024)
+#        DS_PROFILE_DETAIL=1  also the full sections of DS_PROFILE_LAUNCHES (default 4) launches of
+#                         the kernels matching DS_PROFILE_KERNEL (a regex, default qgemv: a step's
+#                         first four GEMVs), after DS_PROFILE_SKIP (default 0) matching launches
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_profile}"
@@ -38,19 +41,20 @@ for n, t in sorted(tot.items(), key=lambda kv: -kv[1])[:25]:
 PY
 grep -E "^(kind|decode)" "$OUT/ncu_$TAG.csv" | head -3
 if [ "${DS_PROFILE_DETAIL:-0}" = 1 ]; then
-  # The first 4 GEMVs of a step: GDN in_proj (qkv+z), out_proj, MLP gate_up, down; full sections
-  # into a report, then its details, its raw warp-stall counters, and the sampled stalls of each
-  # SASS instruction (sass_stalls_$TAG.csv; the busiest printed).
+  # By default the first 4 GEMVs of a step: GDN in_proj (qkv+z), out_proj, MLP gate_up, down; full
+  # sections into a report, then its details, its raw warp-stall counters, and the sampled stalls
+  # of each SASS instruction (sass_stalls_$TAG.csv; the busiest of each kernel printed).
   # shellcheck disable=SC2086
-  "$NCU" --clock-control none --cache-control none --profile-from-start off --set full --kernel-name regex:qgemv \
-    --import-source no --launch-count 4 -f -o "$OUT/ncu_detail_$TAG" .devbuild/deltaserve bench model \
+  "$NCU" --clock-control none --cache-control none --profile-from-start off --set full \
+    --kernel-name "regex:${DS_PROFILE_KERNEL:-qgemv}" --launch-skip "${DS_PROFILE_SKIP:-0}" \
+    --launch-count "${DS_PROFILE_LAUNCHES:-4}" --import-source no -f -o "$OUT/ncu_detail_$TAG" .devbuild/deltaserve bench model \
     --config configs/qwen3.8-27b.json --synthetic --profile --reps 1 --verify 0 --prefill 0 \
     ${DS_PROFILE_ARGS:---w4a16 --batches 1 --contexts 1024} > "$OUT/ncu_detail_$TAG.log" 2>&1
   "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page details > "$OUT/ncu_detail_$TAG.txt" 2>&1
   "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page raw --csv > "$OUT/ncu_raw_$TAG.csv" 2>&1
   "$NCU" -i "$OUT/ncu_detail_$TAG.ncu-rep" --page source --csv --print-source sass \
     > "$OUT/sass_stalls_$TAG.csv" 2>&1
-  fields="qgemv|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy"
+  fields="${DS_PROFILE_KERNEL:-qgemv}|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy"
   fields="$fields|Eligible Warps|No Eligible|Warp Cycles Per Issued"
   grep -E "$fields" "$OUT/ncu_detail_$TAG.txt" | head -80
   python3 - "$OUT/ncu_raw_$TAG.csv" "$OUT/sass_stalls_$TAG.csv" <<'PY'
@@ -67,8 +71,8 @@ for x in r[1:]:  # r[0]: units
             except ValueError: pass
     top = sorted(vals.items(), key=lambda kv: -kv[1])[:9]
     print("stalls per issue:", x.get("Grid Size", ""), " ".join(f"{k}={v:.2f}" for k, v in top))
-# The SASS instructions with the most sampled stalls, in the GEMV with the most samples (the
-# page has a "Kernel Name" line, then a table, per kernel).
+# The SASS instructions with the most sampled stalls, in each kernel of the page (a "Kernel Name"
+# line, then a table, per kernel).
 def num(v):
     try: return float(v.replace(",", ""))
     except ValueError: return 0.0
@@ -80,12 +84,13 @@ tables = [t for t in tables if t and col in t[0]]
 if not tables:
     print("no sampled stalls in the source page:", " ".join(lines[:2])[:300])
 else:
-    s = max(tables, key=lambda t: sum(num(x[col]) for x in t))
+  for s, a in zip(tables, starts):
     tot = sum(num(x[col]) for x in s) or 1
     reasons = [c for c in s[0] if c.startswith("stall_") and "Not Issued" not in c]
     share = sorted(((sum(num(x[c]) for x in s) / tot, c[6:]) for c in reasons), reverse=True)[:10]
+    print(lines[a][:120])
     print(f"sampled stalls ({len(s)} SASS lines):", " ".join(f"{k}={100 * v:.1f}%" for v, k in share))
-    for x in sorted(s, key=lambda x: -num(x[col]))[:40]:
+    for x in sorted(s, key=lambda x: -num(x[col]))[:30]:
         top = sorted(((num(x[c]), c[6:]) for c in reasons), reverse=True)[:3]
         print(f"{100 * num(x[col]) / tot:5.1f}% {x.get('Address', '')[-5:]} {x.get('Source', '')[:58]:58} "
               f"exec {x.get('Instructions Executed', '')} " + " ".join(f"{k}={100 * v / tot:.1f}" for v, k in top if v))
