@@ -41,7 +41,7 @@ bool kernel_skipped(const char* name) {
     if (!env) return v;
     std::string item;
     for (const char* p = env;; ++p) {
-      if (*p == ',' || *p == '\0') {
+      if (*p == ',' || *p == '+' || *p == '\0') {
         if (!item.empty()) v.push_back(item);
         item.clear();
         if (*p == '\0') break;

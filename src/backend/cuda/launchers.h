@@ -133,7 +133,8 @@ void set_pdl_enabled(bool on);
 int sm_count();
 int smem_per_sm();
 // Diagnostics: kernels whose launch name (launch_kernel's first argument) is listed in env
-// DS_SKIP_KERNELS (comma-separated) are not launched, so a benchmark of steps without them tells
+// DS_SKIP_KERNELS (separated by ',' or '+', the latter for tools/gpu_ab.sh settings, whose
+// variables are ','-separated) are not launched, so a benchmark of steps without them tells
 // what they cost in place, with the kernels around them overlapping as they do; every result is
 // then wrong. Warned about once when set.
 bool kernel_skipped(const char* name);
