@@ -229,6 +229,11 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
 // outputs in shared memory, then writes them normalised and gated (no gated-norm launch after it).
 constexpr int kHeadThreads = 256;
 constexpr int kHeadRows = 64;  // rows a thread
+// A thread's sums over its rows a token run as kHeadChains (1, 2 or 4) interleaved chains of
+// dependent adds, summed pairwise: with 2 rather than one chain of 64, C1 -0.02 ms, verify 8 at 4k
+// -0.02, C64 -0.09 on the H200 (three rounds, about the runs' spread; docs/perf/
+// 2026-12-02-s21-cuda-27b.md); 4 took the kernel past its 128 registers into spills.
+constexpr int kHeadChains = 2;
 // Tokens a thread normalises (Norm): t = half, half + 2, ... (their z loaded after pdl_wait).
 constexpr int kNormTokens = kGdnDecodeMaxTokens / 2;
 
@@ -325,7 +330,7 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
 
   for (int t = 0; t < T; ++t) {
     const float alpha = alpha_s[t];
-    float part = 0.f;  // this half's rows of (alpha S)^T k for the thread's column
+    float part[kHeadChains] = {};  // this half's rows of (alpha S)^T k for the thread's column
 #pragma unroll
     for (int r = 0; r < kHeadRows; r += 4) {
       const float4 k4 = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
@@ -333,15 +338,15 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
       S[r + 1] *= alpha;
       S[r + 2] *= alpha;
       S[r + 3] *= alpha;
-      part += S[r] * k4.x;
-      part += S[r + 1] * k4.y;
-      part += S[r + 2] * k4.z;
-      part += S[r + 3] * k4.w;
+      part[0] += S[r] * k4.x;
+      part[1 % kHeadChains] += S[r + 1] * k4.y;
+      part[2 % kHeadChains] += S[r + 2] * k4.z;
+      part[3 % kHeadChains] += S[r + 3] * k4.w;
     }
-    red[0][half][col] = part;
+    red[0][half][col] = pairwise_sum(part);
     __syncthreads();  // (also: every thread has read red[1] of the previous token)
     const float delta = beta_s[t] * (vs[t][col] - (red[0][0][col] + red[0][1][col]));
-    float o = 0.f;
+    float o[kHeadChains] = {};
 #pragma unroll
     for (int r = 0; r < kHeadRows; r += 4) {
       const float4 k4 = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
@@ -350,12 +355,12 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
       S[r + 1] += k4.y * delta;
       S[r + 2] += k4.z * delta;
       S[r + 3] += k4.w * delta;
-      o += S[r] * q4.x;  // read after the update
-      o += S[r + 1] * q4.y;
-      o += S[r + 2] * q4.z;
-      o += S[r + 3] * q4.w;
+      o[0] += S[r] * q4.x;  // read after the update
+      o[1 % kHeadChains] += S[r + 1] * q4.y;
+      o[2 % kHeadChains] += S[r + 2] * q4.z;
+      o[3 % kHeadChains] += S[r + 3] * q4.w;
     }
-    red[1][half][col] = o;
+    red[1][half][col] = pairwise_sum(o);
     __syncthreads();  // every thread has read red[0] (the next token may write it); red[1] complete
     if constexpr (Norm) {
       if (half == 0) os[t][col] = has_col ? to_f32(to_bf16(red[1][0][col] + red[1][1][col])) : 0.f;
