@@ -79,16 +79,16 @@ def num(v):
 col = "Warp Stall Sampling (All Samples)"
 lines = open(sys.argv[2]).read().splitlines()
 starts = [i for i, l in enumerate(lines) if l.startswith('"Kernel Name"')] + [len(lines)]
-tables = [list(csv.DictReader(lines[a + 1:b])) for a, b in zip(starts, starts[1:])]
-tables = [t for t in tables if t and col in t[0]]
+# (kernel name line, its table) of each kernel with sampled stalls
+tables = [(lines[a], list(csv.DictReader(lines[a + 1:b]))) for a, b in zip(starts, starts[1:])]
+tables = [(name, t) for name, t in tables if t and col in t[0]]
 if not tables:
     print("no sampled stalls in the source page:", " ".join(lines[:2])[:300])
-else:
-  for s, a in zip(tables, starts):
+for name, s in tables:
     tot = sum(num(x[col]) for x in s) or 1
     reasons = [c for c in s[0] if c.startswith("stall_") and "Not Issued" not in c]
     share = sorted(((sum(num(x[c]) for x in s) / tot, c[6:]) for c in reasons), reverse=True)[:10]
-    print(lines[a][:120])
+    print(name[:120])
     print(f"sampled stalls ({len(s)} SASS lines):", " ".join(f"{k}={100 * v:.1f}%" for v, k in share))
     for x in sorted(s, key=lambda x: -num(x[col]))[:30]:
         top = sorted(((num(x[c]), c[6:]) for c in reasons), reverse=True)[:3]
