@@ -13,6 +13,7 @@
 #        AB_TRACES  "NAME:TOKENS ..." of settings in AB_VARS: a kernel timeline of each
 #                   (tools/gpu_trace.sh; TOKENS 1: decode steps at 1k, else verify blocks of
 #                   that many tokens at 4k)
+#        AB_TRACE_LINES lines of each timeline's table printed (default 20)
 # Logs and the timelines' tables go to $OUT/ab/.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

@@ -6,8 +6,9 @@
 // GEMV's epilogue (linear_swiglu); the int8 group-128 lm_head (GEMV for
 // T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against CpuOps' int8
 // twin; Ops::residual_mlp's persistent kernel (mlp_decode.cu) against the separate kernels and
-// the CPU; the GDN in_proj's conv in the GEMV epilogue against the separate conv. Figures: the streaming ceilings of the GEMVs' ways of reading weights, and timings at the
-// Qwen3.8-27B shapes. Skipped where there is no GPU.
+// the CPU; the GDN in_proj's conv in the GEMV epilogue against the separate conv. Figures: the
+// streaming ceilings of the GEMVs' ways of reading weights, and timings at the Qwen3.8-27B shapes.
+// Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>

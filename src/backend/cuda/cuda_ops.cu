@@ -724,8 +724,9 @@ void CudaOps::gdn_gates(Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, Tensor
 void CudaOps::conv1d_silu(Tensor mixed, Tensor w, int layer, Tensor out) {
   const int C = static_cast<int>(mixed.dim(1)), K = static_cast<int>(w.dim(1));
   DS_ASSERT(C == geo_.conv_dim && K - 1 == geo_.conv_rows, "conv geometry");
-  cuda::launch_conv1d_silu(B(mixed), F(w), static_cast<bf16*>(conv_state(layer)), B(out), impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
-                           impl_->slots, plan_.n_tokens(), plan_.n_seqs(), C, K, max_chunk_, impl_->stream);
+  cuda::launch_conv1d_silu(B(mixed), F(w), static_cast<bf16*>(conv_state(layer)), B(out), impl_->seq_of_token,
+                           impl_->cu_seqlens, impl_->n_past, impl_->slots, plan_.n_tokens(), plan_.n_seqs(), C, K,
+                           max_chunk_, impl_->stream);
 }
 
 void* CudaOps::conv_state(int layer) {
