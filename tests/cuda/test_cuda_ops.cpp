@@ -272,14 +272,18 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     // gdn_gates_delta_rule (on CUDA the decode kernel makes the gates itself; the CPU runs the two
     // ops), the fourth to sixth through gdn_gates_delta_rule_norm (on CUDA the decode steps, a token
     // a sequence, take the kernel of a CTA a head, which also normalises; the verify step the two
-    // ops). The last two have 9 sequences (6 of them new), which take the kernel of a CTA a head (8
-    // or more sequences), the last with verify blocks of up to 16 tokens.
+    // ops). The next two have 9 sequences (6 of them new), which take the kernel of a CTA a head (8
+    // or more sequences), the second with verify blocks of up to 16 tokens. The last two are
+    // verify steps of 2 and 1 sequences (up to 8 tokens) through gdn_gates_delta_rule_norm, which
+    // on CUDA take the kernel of a CTA a head with its norm and 4 parts of a column's rows
+    // (gdn_verify_head).
     const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {1, 1, 1}, {8, 8, 8},
-                                                 {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 16, 1, 2, 5, 2, 2, 8, 3}};
+                                                 {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 16, 1, 2, 5, 2, 2, 8, 3},
+                                                 {8, 3}, {5}};
     auto norm_w = both(random_bf16(dv, rng, 0.5f), {dv}, true);
     for (size_t step = 0; step < steps.size(); ++step) {
       const std::vector<int>& lens = steps[step];
-      const bool fused = step >= 2, normed = step >= 3 && step <= 5;
+      const bool fused = step >= 2, normed = (step >= 3 && step <= 5) || step >= 7;
       int T = 0;
       for (int len : lens) T += len;
       begin(make_plan(lens, past, 16, 1));

@@ -782,9 +782,12 @@ void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a
   // 6.82-6.84, C8 7.31-7.32 against 7.43-7.45, C16 10.57-10.59 against 10.64-10.67; with the norm
   // at more sequences C64 24.60-24.78 against 24.13-24.19 (its extra time a CTA, paid once a wave);
   // with the norm at a verify step of 8 tokens 7.06-7.13 against 6.88-6.93 (the kernel of a CTA a
-  // head against the register-state tiles); in clusters of those tiles, no gain at C1.
+  // head against the register-state tiles); in clusters of those tiles, no gain at C1. Verify
+  // steps of up to kGdnVerifyHeadMaxSeqs sequences take it with 4 parts of a column's rows
+  // (gdn_verify_head).
   constexpr int kGdnNormMaxSeqs = 16;
-  if (max_chunk_ != 1 || plan_.n_seqs() > kGdnNormMaxSeqs ||
+  const bool in_kernel = max_chunk_ == 1 ? plan_.n_seqs() <= kGdnNormMaxSeqs : gdn_verify_head();
+  if (!in_kernel ||
       !cuda::gdn_decode_norm_supported(sh.k_head_dim, sh.v_head_dim, state_code(options_.state_dtype))) {
     Ops::gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out);
     return;
@@ -813,7 +816,19 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
   gates.dt_bias = F(dt_bias);
   cuda::launch_gdn_recurrent(B(qkv), gates, state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
-                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm);
+                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm, gdn_verify_head() ? 4 : 2);
+}
+
+bool CudaOps::gdn_verify_head() const {
+  // 4 parts of 32 rows, 512 threads: one CTA an SM, so at most 2 sequences (96 CTAs of the 27B's
+  // 48 heads) keep them in one wave. On the H200 (27B shape, 4k context, four rounds: docs/perf/
+  // 2026-12-02-s22-cuda-27b.md): verify 4 6.49-6.51 against 6.55-6.59 ms with the tiles and the
+  // norm launch, verify 8 7.00-7.08 against 7.02-7.05, but verify 16 10.15-10.21 against
+  // 10.10-10.12, so up to kGdnVerifyHeadMaxTokens tokens a sequence.
+  constexpr int kGdnVerifyHeadMaxSeqs = 2, kGdnVerifyHeadMaxTokens = 8;
+  static const bool enabled = cuda::env_flag("DS_GDN_VERIFY_HEAD", true);
+  return enabled && max_chunk_ > 1 && max_chunk_ <= kGdnVerifyHeadMaxTokens &&
+         plan_.n_seqs() <= kGdnVerifyHeadMaxSeqs;
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {

@@ -119,6 +119,10 @@ class CudaOps final : public Ops {
   // gdn_gates_delta_rule and gdn_gates_delta_rule_norm at decode and verify.
   void gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape, int layer,
                   Tensor out, const cuda::GdnNorm& norm);
+  // Whether this verify step (2 to 8 tokens a sequence, at most 2 sequences) takes the decode
+  // kernel of a CTA a head with its norm and 4 parts of a column's rows, rather than the 32-column
+  // tiles and a gated-norm launch. env DS_GDN_VERIFY_HEAD = 1 (default) | 0.
+  bool gdn_verify_head() const;
   // The W4A16 (tiled) linear of x bf16 [T, K] into one output or the parts of a fused weight.
   // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone.
   void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out, const void* xb,

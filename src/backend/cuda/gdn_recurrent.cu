@@ -217,25 +217,29 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
   }
 }
 
-// Steps of kDecodeHeadSeqs or more sequences: one CTA of 256 threads per (sequence, v-head). At
-// many sequences gdn_decode_kernel was bound by the bytes its CTAs keep in flight: a thread's 16
-// state elements are 16 loads into registers, so an SM held at most 32 KB of state loads and then
-// computed (C64: 8.95 ms a step for 9.7 GB of state read and written, 1.1 TB/s). Here the head's
-// whole state (contiguous, 32 KB in fp16) comes in one bulk copy into shared memory, issued first
-// (before pdl_wait, as there), while the prologue reads the tokens' q, k, v and gates; each thread
-// then takes one column and half of the rows into registers (thread j: column j % 128, rows
-// [64 (j / 128), + 64)), the token loop sums the two halves through shared memory, and the updated
-// state goes back by one bulk store from shared memory. Norm (a GdnNorm): the CTA keeps the head's
-// outputs in shared memory, then writes them normalised and gated (no gated-norm launch after it).
-constexpr int kHeadThreads = 256;
-constexpr int kHeadRows = 64;  // rows a thread
+// Steps of kDecodeHeadSeqs or more sequences, and those with the norm: one CTA of 256 (or 512)
+// threads per (sequence, v-head). At many sequences gdn_decode_kernel was bound by the bytes its
+// CTAs keep in flight: a thread's 16 state elements are 16 loads into registers, so an SM held at
+// most 32 KB of state loads and then computed (C64: 8.95 ms a step for 9.7 GB of state read and
+// written, 1.1 TB/s). Here the head's whole state (contiguous, 32 KB in fp16) comes in one bulk
+// copy into shared memory, issued first (before pdl_wait, as there), while the prologue reads the
+// tokens' q, k, v and gates; each thread then takes one column and a part of the rows into
+// registers (Parts parts: thread j takes column j % 128, rows [R (j / 128), + R), R = 128 /
+// Parts), the token loop sums the parts through shared memory, and the updated state goes back by
+// one bulk store from shared memory. Norm (a GdnNorm): the CTA keeps the head's outputs in shared
+// memory, then writes them normalised and gated (no gated-norm launch after it). Parts 2 (256
+// threads, 64 rows a thread) by default; 4 (512 threads, 32 rows a thread, a token's chains of
+// dependent sums half as long) where launch_gdn_recurrent is given head_parts 4 (verify steps).
+constexpr int kHeadParts = 2;
+constexpr int kHeadVerifyParts = 4;
 // A thread's sums over its rows a token run as kHeadChains (1, 2 or 4) interleaved chains of
 // dependent adds, summed pairwise: with 2 rather than one chain of 64, C1 -0.02 ms, verify 8 at 4k
 // -0.02, C64 -0.09 on the H200 (three rounds, about the runs' spread; docs/perf/
 // 2026-12-02-s21-cuda-27b.md); 4 took the kernel past its 128 registers into spills.
 constexpr int kHeadChains = 2;
-// Tokens a thread normalises (Norm): t = half, half + 2, ... (their z loaded after pdl_wait).
-constexpr int kNormTokens = kGdnDecodeMaxTokens / 2;
+// Tokens a thread normalises (Norm): t = part, part + Parts, ... (their z loaded after pdl_wait).
+template <int Parts>
+constexpr int kNormTokens = kGdnDecodeMaxTokens / Parts;
 
 // The GdnNorm of output v of a row (rounded to bf16 first, as the separate kernel reads it) with
 // 1 / rms inv: w * (v * inv) * act(z), in elementwise.cu's order.
@@ -243,12 +247,20 @@ __device__ __forceinline__ bf16 gdn_norm_out(float v, float inv, float w, float 
   return to_bf16(v * inv * w * (sigmoid_gate ? sigmoid_f(z) : silu_f(z)));
 }
 
-bool gdn_decode_head_supported(int dk, int dv, int state_bytes) {
-  return dk <= 2 * kHeadRows && dv <= kDecodeMaxK && (dk * dv * state_bytes) % 16 == 0;
+// A column's sums over the Parts parts of its rows: in part order (2 parts: r0 + r1), or pairwise.
+template <int Parts>
+__device__ __forceinline__ float parts_sum(const float (&red)[Parts][kDecodeMaxK], int col) {
+  static_assert(Parts == kHeadParts || Parts == kHeadVerifyParts, "2 or 4 parts");
+  if constexpr (Parts == 2) return red[0][col] + red[1][col];
+  else return (red[0][col] + red[1][col]) + (red[2][col] + red[3][col]);
 }
 
-template <class StateT, bool Norm>
-__global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
+bool gdn_decode_head_supported(int dk, int dv, int state_bytes) {
+  return dk <= kDecodeMaxK && dv <= kDecodeMaxK && (dk * dv * state_bytes) % 16 == 0;
+}
+
+template <class StateT, bool Norm, int Parts>
+__global__ void __launch_bounds__(kDecodeMaxK * Parts, Parts == kHeadParts ? 2 : 1) gdn_decode_head_kernel(
     const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
     const int32_t* slots, int Hk, int Hv, int dk, int dv, GdnNorm norm) {
   extern __shared__ __align__(128) unsigned char head_smem[];  // StateT [dk, dv]: the head's state
@@ -257,13 +269,14 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
   __shared__ __align__(16) float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk], 0 past dk
   __shared__ float vs[kGdnDecodeMaxTokens][kDecodeMaxK];                // values [T, dv]
   __shared__ float alpha_s[kGdnDecodeMaxTokens], beta_s[kGdnDecodeMaxTokens];
-  __shared__ float red[2][2][kDecodeMaxK];  // per-half column sums: k^T S, then q^T S
+  constexpr int kRows = kDecodeMaxK / Parts, kThreads = kDecodeMaxK * Parts, kNorm = kNormTokens<Parts>;
+  __shared__ float red[2][Parts][kDecodeMaxK];  // per-part column sums: k^T S, then q^T S
   __shared__ uint64_t landed;               // the state's copy
   __shared__ float os[Norm ? kGdnDecodeMaxTokens : 1][kDecodeMaxK];  // Norm: outputs as bf16 values, 0 past dv
   __shared__ float inv_s[kGdnDecodeMaxTokens];                       // Norm: 1 / rms of each token's row
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int col = threadIdx.x % kDecodeMaxK, half = threadIdx.x / kDecodeMaxK, i0 = half * kHeadRows;
+  const int col = threadIdx.x % kDecodeMaxK, part = threadIdx.x / kDecodeMaxK, i0 = part * kRows;
   const bool has_col = col < dv;
   const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0;
   if (T == 0) return;
@@ -284,15 +297,15 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
   const float norm_w = Norm && has_col ? norm.w[col] : 0.f;
   pdl_wait();  // qkv and the gates come from the kernels before
   pdl_trigger();
-  float zr[Norm ? kNormTokens : 1];  // Norm: z of the tokens this thread normalises
+  float zr[Norm ? kNorm : 1];  // Norm: z of the tokens this thread normalises
 #pragma unroll
-  for (int i = 0; i < (Norm ? kNormTokens : 0); ++i) {
-    const int t = half + 2 * i;
+  for (int i = 0; i < (Norm ? kNorm : 0); ++i) {
+    const int t = part + Parts * i;
     zr[i] = t < T && has_col ? to_f32(norm.z[(int64_t(t0 + t) * Hv + h) * dv + col]) : 0.f;
   }
 
   const float q_scale = rsqrtf(static_cast<float>(dk));
-  for (int t = warp; t < T; t += kHeadThreads / 32) {
+  for (int t = warp; t < T; t += kThreads / 32) {
     const bf16* row = qkv + int64_t(t0 + t) * C;
     float qv[kDecodeMaxK / 32], kv[kDecodeMaxK / 32], qss = 0.f, kss = 0.f;
 #pragma unroll
@@ -323,32 +336,32 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
   if (load) mbar_wait(&landed, 0);
 
   // Element (i0 + r, col) of the state; rows past dk hold zeros and meet zero keys and queries.
-  float S[kHeadRows];
+  float S[kRows];
 #pragma unroll
-  for (int r = 0; r < kHeadRows; ++r)
+  for (int r = 0; r < kRows; ++r)
     S[r] = load && has_col && i0 + r < dk ? state_to_f32(Ss[(i0 + r) * dv + col]) : 0.f;
 
   for (int t = 0; t < T; ++t) {
     const float alpha = alpha_s[t];
-    float part[kHeadChains] = {};  // this half's rows of (alpha S)^T k for the thread's column
+    float sums[kHeadChains] = {};  // this part's rows of (alpha S)^T k for the thread's column
 #pragma unroll
-    for (int r = 0; r < kHeadRows; r += 4) {
+    for (int r = 0; r < kRows; r += 4) {
       const float4 k4 = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
       S[r] *= alpha;  // decay first
       S[r + 1] *= alpha;
       S[r + 2] *= alpha;
       S[r + 3] *= alpha;
-      part[0] += S[r] * k4.x;
-      part[1 % kHeadChains] += S[r + 1] * k4.y;
-      part[2 % kHeadChains] += S[r + 2] * k4.z;
-      part[3 % kHeadChains] += S[r + 3] * k4.w;
+      sums[0] += S[r] * k4.x;
+      sums[1 % kHeadChains] += S[r + 1] * k4.y;
+      sums[2 % kHeadChains] += S[r + 2] * k4.z;
+      sums[3 % kHeadChains] += S[r + 3] * k4.w;
     }
-    red[0][half][col] = pairwise_sum(part);
+    red[0][part][col] = pairwise_sum(sums);
     __syncthreads();  // (also: every thread has read red[1] of the previous token)
-    const float delta = beta_s[t] * (vs[t][col] - (red[0][0][col] + red[0][1][col]));
+    const float delta = beta_s[t] * (vs[t][col] - parts_sum<Parts>(red[0], col));
     float o[kHeadChains] = {};
 #pragma unroll
-    for (int r = 0; r < kHeadRows; r += 4) {
+    for (int r = 0; r < kRows; r += 4) {
       const float4 k4 = *reinterpret_cast<const float4*>(&ks[t][i0 + r]);
       const float4 q4 = *reinterpret_cast<const float4*>(&qs[t][i0 + r]);
       S[r] += k4.x * delta;
@@ -360,17 +373,17 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
       o[2 % kHeadChains] += S[r + 2] * q4.z;
       o[3 % kHeadChains] += S[r + 3] * q4.w;
     }
-    red[1][half][col] = pairwise_sum(o);
+    red[1][part][col] = pairwise_sum(o);
     __syncthreads();  // every thread has read red[0] (the next token may write it); red[1] complete
     if constexpr (Norm) {
-      if (half == 0) os[t][col] = has_col ? to_f32(to_bf16(red[1][0][col] + red[1][1][col])) : 0.f;
-    } else if (half == 0 && has_col) {
-      out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(red[1][0][col] + red[1][1][col]);
+      if (part == 0) os[t][col] = has_col ? to_f32(to_bf16(parts_sum<Parts>(red[1], col))) : 0.f;
+    } else if (part == 0 && has_col) {
+      out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(parts_sum<Parts>(red[1], col));
     }
   }
   // The new state into shared memory (every element of [dk, dv]), then one bulk store.
 #pragma unroll
-  for (int r = 0; r < kHeadRows; ++r)
+  for (int r = 0; r < kRows; ++r)
     if (has_col && i0 + r < dk) Ss[(i0 + r) * dv + col] = state_from_f32<StateT>(S[r]);
   fence_proxy_async_shared();
   __syncthreads();
@@ -379,7 +392,7 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
     bulk_commit();
   }
   if constexpr (Norm) {  // os is complete (the barrier above)
-    for (int t = warp; t < T; t += kHeadThreads / 32) {
+    for (int t = warp; t < T; t += kThreads / 32) {
       float ss = 0.f;
       for (int c = lane; c < dv; c += 32) ss += os[t][c] * os[t][c];
       ss = warp_sum(ss);
@@ -387,8 +400,8 @@ __global__ void __launch_bounds__(kHeadThreads, 2) gdn_decode_head_kernel(
     }
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < kNormTokens; ++i) {
-      const int t = half + 2 * i;
+    for (int i = 0; i < kNorm; ++i) {
+      const int t = part + Parts * i;
       if (t >= T) break;
       if (has_col)
         out[(int64_t(t0 + t) * Hv + h) * dv + col] =
@@ -408,8 +421,11 @@ bool gdn_decode_norm_supported(int dk, int dv, int state_dtype) {
 
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
-                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm) {
+                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm,
+                          int head_parts) {
   if (n_seqs == 0) return;
+  DS_ASSERT(head_parts == kHeadParts || head_parts == kHeadVerifyParts, "GDN decode: %d row parts a head",
+            head_parts);
   const bool normed = norm.z != nullptr;
   DS_ASSERT(!normed || (short_chunks && gdn_decode_norm_supported(dk, dv, state_dtype)),
             "the GDN kernels normalise their output at decode only, in the kernel of a CTA a head (dk %d, dv %d)", dk,
@@ -418,8 +434,9 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
     auto go = [&](auto* typed_state, auto norm_on) {
       using StateT = std::remove_pointer_t<decltype(typed_state)>;
       constexpr bool Norm = decltype(norm_on)::value;
-      if ((Norm || n_seqs >= kDecodeHeadSeqs) && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
-        auto* kernel = gdn_decode_head_kernel<StateT, Norm>;
+      auto head = [&](auto parts) {
+        constexpr int Parts = decltype(parts)::value;
+        auto* kernel = gdn_decode_head_kernel<StateT, Norm, Parts>;
         const int smem = dk * dv * static_cast<int>(sizeof(StateT));
         static int smem_attr = 0;  // the kernel's dynamic shared-memory limit, raised as needed (the
                                    // default leaves 48 KB less its static shared memory)
@@ -427,8 +444,12 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
           CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
           smem_attr = smem;
         }
-        launch_kernel("gdn_decode", kernel, dim3(n_seqs, Hv), kHeadThreads, smem, s, qkv, gates, typed_state, out,
-                      cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
+        launch_kernel("gdn_decode", kernel, dim3(n_seqs, Hv), kDecodeMaxK * Parts, smem, s, qkv, gates, typed_state,
+                      out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
+      };
+      if ((Norm || n_seqs >= kDecodeHeadSeqs) && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
+        if (head_parts == kHeadVerifyParts) head(std::integral_constant<int, kHeadVerifyParts>{});
+        else head(std::integral_constant<int, kHeadParts>{});
         return;
       }
       if constexpr (!Norm)

@@ -308,7 +308,8 @@ bool gdn_decode_supported(int dk);
 bool gdn_decode_norm_supported(int dk, int dv, int state_dtype);
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
-                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {});
+                          int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {},
+                          int head_parts = 2);
 
 // Gated delta rule prefill in chunks of 64 tokens on tensor cores (gdn_chunked.cu), same
 // contract as launch_gdn_recurrent for head dims up to 128 (gdn_chunked_supported). T: tokens
