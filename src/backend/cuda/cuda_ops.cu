@@ -821,10 +821,11 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
 
 bool CudaOps::gdn_verify_head() const {
   // 4 parts of 32 rows, 512 threads: one CTA an SM, so at most 2 sequences (96 CTAs of the 27B's
-  // 48 heads) keep them in one wave. On the H200 (27B shape, 4k context, four rounds: docs/perf/
-  // 2026-12-02-s22-cuda-27b.md): verify 4 6.49-6.51 against 6.55-6.59 ms with the tiles and the
-  // norm launch, verify 8 7.00-7.08 against 7.02-7.05, but verify 16 10.15-10.21 against
-  // 10.10-10.12, so up to kGdnVerifyHeadMaxTokens tokens a sequence.
+  // 48 heads) keep them in one wave. On the H200 (27B shape, 4k context, three rounds: docs/perf/
+  // 2026-12-02-s22-cuda-27b.md, run 8): verify 2 6.23-6.26 against 6.33-6.34 ms with the tiles and
+  // the norm launch, verify 4 6.47-6.50 against 6.53-6.56, verify 8 6.99-7.01 against 7.03-7.04;
+  // with blocks of 16 tokens it lost (run 7: 10.15-10.21 against 10.10-10.12), so up to
+  // kGdnVerifyHeadMaxTokens tokens a sequence.
   constexpr int kGdnVerifyHeadMaxSeqs = 2, kGdnVerifyHeadMaxTokens = 8;
   static const bool enabled = cuda::env_flag("DS_GDN_VERIFY_HEAD", true);
   return enabled && max_chunk_ > 1 && max_chunk_ <= kGdnVerifyHeadMaxTokens &&
