@@ -816,7 +816,8 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
   gates.dt_bias = F(dt_bias);
   cuda::launch_gdn_recurrent(B(qkv), gates, state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
-                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm, gdn_verify_head() ? 4 : 2);
+                             sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm,
+                             gdn_verify_head() ? cuda::kGdnHeadVerifyParts : cuda::kGdnHeadParts);
 }
 
 bool CudaOps::gdn_verify_head() const {

@@ -230,8 +230,6 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
 // memory, then writes them normalised and gated (no gated-norm launch after it). Parts 2 (256
 // threads, 64 rows a thread) by default; 4 (512 threads, 32 rows a thread, a token's chains of
 // dependent sums half as long) where launch_gdn_recurrent is given head_parts 4 (verify steps).
-constexpr int kHeadParts = 2;
-constexpr int kHeadVerifyParts = 4;
 // A thread's sums over its rows a token run as kHeadChains (1, 2 or 4) interleaved chains of
 // dependent adds, summed pairwise: with 2 rather than one chain of 64, C1 -0.02 ms, verify 8 at 4k
 // -0.02, C64 -0.09 on the H200 (three rounds, about the runs' spread; docs/perf/
@@ -250,8 +248,8 @@ __device__ __forceinline__ bf16 gdn_norm_out(float v, float inv, float w, float 
 // A column's sums over the Parts parts of its rows: in part order (2 parts: r0 + r1), or pairwise.
 template <int Parts>
 __device__ __forceinline__ float parts_sum(const float (&red)[Parts][kDecodeMaxK], int col) {
-  static_assert(Parts == kHeadParts || Parts == kHeadVerifyParts, "2 or 4 parts");
-  if constexpr (Parts == 2) return red[0][col] + red[1][col];
+  static_assert(Parts == kGdnHeadParts || Parts == kGdnHeadVerifyParts, "2 or 4 parts");
+  if constexpr (Parts == kGdnHeadParts) return red[0][col] + red[1][col];
   else return (red[0][col] + red[1][col]) + (red[2][col] + red[3][col]);
 }
 
@@ -260,7 +258,7 @@ bool gdn_decode_head_supported(int dk, int dv, int state_bytes) {
 }
 
 template <class StateT, bool Norm, int Parts>
-__global__ void __launch_bounds__(kDecodeMaxK * Parts, Parts == kHeadParts ? 2 : 1) gdn_decode_head_kernel(
+__global__ void __launch_bounds__(kDecodeMaxK * Parts, Parts == kGdnHeadParts ? 2 : 1) gdn_decode_head_kernel(
     const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
     const int32_t* slots, int Hk, int Hv, int dk, int dv, GdnNorm norm) {
   extern __shared__ __align__(128) unsigned char head_smem[];  // StateT [dk, dv]: the head's state
@@ -424,7 +422,7 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm,
                           int head_parts) {
   if (n_seqs == 0) return;
-  DS_ASSERT(head_parts == kHeadParts || head_parts == kHeadVerifyParts, "GDN decode: %d row parts a head",
+  DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadVerifyParts, "GDN decode: %d row parts a head",
             head_parts);
   const bool normed = norm.z != nullptr;
   DS_ASSERT(!normed || (short_chunks && gdn_decode_norm_supported(dk, dv, state_dtype)),
@@ -448,8 +446,8 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                       out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
       };
       if ((Norm || n_seqs >= kDecodeHeadSeqs) && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
-        if (head_parts == kHeadVerifyParts) head(std::integral_constant<int, kHeadVerifyParts>{});
-        else head(std::integral_constant<int, kHeadParts>{});
+        if (head_parts == kGdnHeadVerifyParts) head(std::integral_constant<int, kGdnHeadVerifyParts>{});
+        else head(std::integral_constant<int, kGdnHeadParts>{});
         return;
       }
       if constexpr (!Norm)

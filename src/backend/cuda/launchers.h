@@ -306,10 +306,14 @@ bool gdn_decode_supported(int dk);
 // Whether launch_gdn_recurrent can apply a GdnNorm (short chunks; the kernel of a CTA a head holds
 // the head's state of state_dtype in shared memory).
 bool gdn_decode_norm_supported(int dk, int dv, int state_dtype);
+// head_parts: the row parts of a column in the decode kernel of a CTA a head (gdn_recurrent.cu),
+// 2 (256 threads) by default, 4 (512 threads) for the verify steps that CudaOps gives it.
+constexpr int kGdnHeadParts = 2;
+constexpr int kGdnHeadVerifyParts = 4;
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {},
-                          int head_parts = 2);
+                          int head_parts = kGdnHeadParts);
 
 // Gated delta rule prefill in chunks of 64 tokens on tensor cores (gdn_chunked.cu), same
 // contract as launch_gdn_recurrent for head dims up to 128 (gdn_chunked_supported). T: tokens
