@@ -40,7 +40,7 @@ CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_sl
   return g;
 }
 
-void Qwen35Model::linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs, const ConvOfFirst* conv) {
+void Qwen35Model::linear(const NormedAct& in, const FusedLinear& w, std::initializer_list<Tensor> outs) {
   size_t n_grouped = 0;
   for (const FusedLinear::Group& g : w.groups) n_grouped += g.n_parts;
   DS_ASSERT(outs.size() == w.rows.size() && n_grouped == w.rows.size(),
@@ -48,26 +48,24 @@ void Qwen35Model::linear(Tensor x, const FusedLinear& w, std::initializer_list<T
   const Tensor* part = outs.begin();
   for (const FusedLinear::Group& g : w.groups) {
     const std::span<const Tensor> parts(part, g.n_parts);
-    if (conv && part == outs.begin())
-      ops_.linear_parts_conv1d_silu(x, g.w, parts, false, conv->w, conv->state_layer, conv->out);
-    else
-      ops_.linear_parts(x, g.w, parts, part != outs.begin());
+    ops_.linear_parts(in.h, g.w, parts, part != outs.begin(), in.scale);
     part += g.n_parts;
   }
 }
 
-// Gated DeltaNet token mixer. h act [T, H] -> act [T, H]
-Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
+// Gated DeltaNet token mixer on in (act [T, H]); its out_proj is added to x.
+void Qwen35Model::gdn_block(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next,
+                            NormedAct& out) {
   const GdnWeights& w = L.gdn;
-  const int64_t T = h.dim(0), H = cfg_.hidden_size, C = cfg_.conv_dim();
+  const int64_t T = x.dim(0), C = cfg_.conv_dim();
   const int64_t Hv = cfg_.linear_num_value_heads, dv = cfg_.linear_value_head_dim;
   Tensor mixed_qkv = act({T, C});  // pre-conv; what the conv state keeps
   Tensor z = act({T, Hv * dv});
   Tensor b = act({T, Hv});
   Tensor a = act({T, Hv});
   Tensor qkv = act({T, C});  // silu(causal_conv1d(mixed_qkv)) = [q | k | v]
-  const ConvOfFirst conv{w.conv1d, L.cache_index, qkv};
-  linear(h, w.in_proj, {mixed_qkv, z, b, a}, &conv);
+  linear(in, w.in_proj, {mixed_qkv, z, b, a});
+  ops_.conv1d_silu(mixed_qkv, w.conv1d, L.cache_index, qkv);
 
   GdnShape shape{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
                  cfg_.linear_value_head_dim};
@@ -76,20 +74,19 @@ Tensor Qwen35Model::gdn_block(const LayerWeights& L, Tensor h) {
   Tensor normed = act({T, Hv * dv});
   ops_.gdn_gates_delta_rule_norm(qkv, a, b, w.a_log, w.dt_bias, shape, L.cache_index, z, w.norm, cfg_.rms_norm_eps,
                                  cfg_.output_gate_sigmoid, normed);
-  Tensor out = act({T, H});
-  ops_.linear_weight(normed, w.out_proj, out);
-  return out;
+  ops_.linear_add_rms_norm(normed, nullptr, GateAct::kSiluMul, w.out_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out);
 }
 
-// Gated full attention. h act [T, H] -> act [T, H]
-Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
+// Gated full attention on in (act [T, H]); its o_proj is added to x.
+void Qwen35Model::attention_block(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next,
+                                  NormedAct& out) {
   const AttnWeights& w = L.attn;
-  const int64_t T = h.dim(0), H = cfg_.hidden_size, hd = cfg_.head_dim;
+  const int64_t T = x.dim(0), hd = cfg_.head_dim;
   const int64_t nH = cfg_.num_attention_heads, nKV = cfg_.num_key_value_heads;
   Tensor q_gate = act({T, nH * 2 * hd});
   Tensor key_states = act({T, nKV, hd});
   Tensor value_states = act({T, nKV, hd});
-  linear(h, w.qkv_proj, {q_gate, key_states.view({T, nKV * hd}), value_states.view({T, nKV * hd})});
+  linear(in, w.qkv_proj, {q_gate, key_states.view({T, nKV * hd}), value_states.view({T, nKV * hd})});
 
   Tensor query_states = act({T, nH, hd});
   Tensor gate = act({T, nH * hd});
@@ -100,40 +97,43 @@ Tensor Qwen35Model::attention_block(const LayerWeights& L, Tensor h) {
   Tensor attn_output = act({T, nH * hd});
   ops_.attention(query_states, key_states, value_states, L.cache_index, 1.0f / std::sqrt(static_cast<float>(hd)),
                  attn_output);
-  Tensor out = act({T, H});
-  ops_.gated_linear(attn_output, gate, GateAct::kMulSigmoid, w.o_proj, out);  // o_proj(attn * sigmoid(gate))
-  return out;
+  // o_proj(attn * sigmoid(gate))
+  ops_.linear_add_rms_norm(attn_output, &gate, GateAct::kMulSigmoid, w.o_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
+                           out);
 }
 
-// The residual add of the token mixer's output, the post-attention norm and the SiLU-gated MLP.
-// x act [T, H] += mixed act [T, H]; out act [T, H] = the MLP of the normed sum.
-void Qwen35Model::mlp_block(const LayerWeights& L, Tensor x, Tensor mixed, Tensor out) {
+// The SiLU-gated MLP on in (the post-attention norm, act [T, H]); its down_proj is added to x.
+void Qwen35Model::mlp_block(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next,
+                            NormedAct& out) {
   const MlpWeights& m = L.mlp;
-  if (m.gate_up.groups.size() == 1) {  // one fused weight (kGateUp): the whole half in the op a backend may fuse
-    ops_.residual_mlp(x, mixed, L.post_attn_norm, cfg_.rms_norm_eps, m.gate_up.groups[0].w, m.down_proj, out);
-    return;
-  }
-  const int64_t T = x.dim(0), H = cfg_.hidden_size, I = cfg_.intermediate_size;
-  Tensor h = act({T, H});
-  ops_.add_rms_norm(x, mixed, L.post_attn_norm, cfg_.rms_norm_eps, h);
+  const int64_t T = x.dim(0), I = cfg_.intermediate_size;
   Tensor gate = act({T, I});
   Tensor up = act({T, I});
-  linear(h, m.gate_up, {gate, up});
-  ops_.gated_linear(gate, up, GateAct::kSiluMul, m.down_proj, out);  // down_proj(silu(gate) * up)
+  if (m.gate_up.groups.size() == 1) {  // one fused weight (kGateUp): silu(gate) * up where its GEMV makes it
+    Tensor gated = act({T, I});
+    ops_.linear_swiglu(in.h, m.gate_up.groups[0].w, gate, up, gated, in.scale);
+    ops_.linear_add_rms_norm(gated, nullptr, GateAct::kSiluMul, m.down_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
+                             out);
+    return;
+  }
+  linear(in, m.gate_up, {gate, up});
+  // down_proj(silu(gate) * up)
+  ops_.linear_add_rms_norm(gate, &up, GateAct::kSiluMul, m.down_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out);
 }
 
-// Pre-norm residual block on the residual stream x act [T, H]. The block's last residual add is
-// left to the next norm (add_rms_norm): pending (act [T, H], or null) is the previous layer's
-// MLP output, added to x here with the input norm, and mlp_out receives this layer's, pending in
-// turn. The layer's other intermediates are dead afterwards, so their scratch is reused.
-void Qwen35Model::decoder_layer(const LayerWeights& L, Tensor x, const Tensor* pending, Tensor mlp_out) {
+// Pre-norm residual block: in is the layer's input norm of the residual stream x act [T, H]; the
+// mixer and the MLP each add their output to x, and each block's last linear makes the norm
+// after it (the post-attention norm, then next: the next layer's input norm or the final norm)
+// into out. The layer's other intermediates are dead afterwards, so their scratch is reused.
+void Qwen35Model::decoder_layer(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next,
+                                NormedAct& out) {
   const int64_t T = x.dim(0), H = cfg_.hidden_size;
   const size_t mark = ops_.scratch_mark();
-  Tensor h = act({T, H});
-  if (pending) ops_.add_rms_norm(x, *pending, L.input_norm, cfg_.rms_norm_eps, h);
-  else ops_.rms_norm(x, L.input_norm, cfg_.rms_norm_eps, h);
-  Tensor mixed = L.type == LayerType::kLinearAttention ? gdn_block(L, h) : attention_block(L, h);
-  mlp_block(L, x, mixed, mlp_out);
+  NormedAct mid{act({T, H}), {}};  // the post-attention norm
+  const NextNorm post{L.post_attn_norm, ops_.scratch(DType::kF32, {ops_.norm_parts(H), T})};
+  if (L.type == LayerType::kLinearAttention) gdn_block(L, in, x, post, mid);
+  else attention_block(L, in, x, post, mid);
+  mlp_block(L, mid, x, next, out);
   ops_.scratch_release(mark);
 }
 
@@ -149,18 +149,20 @@ Tensor Qwen35Model::logits_of(Tensor hn, int64_t n_out) {
 Tensor Qwen35Model::forward(const StepPlan& plan, Tensor* hidden_out) {
   ops_.begin_step(plan);
   const std::vector<Tensor> out = ops_.run_step([&]() -> std::vector<Tensor> {
-    const int64_t T = plan.n_tokens(), H = cfg_.hidden_size;
+    const int64_t T = plan.n_tokens(), H = cfg_.hidden_size, P = ops_.norm_parts(H);
     Tensor x = act({T, H});  // the residual stream
     ops_.embedding(w_.embed, x);
-    Tensor mlp_out[2] = {act({T, H}), act({T, H})};  // a layer's MLP output, added by the next norm
-    const Tensor* pending = nullptr;
-    for (size_t i = 0; i < w_.layers.size(); ++i) {
-      decoder_layer(w_.layers[i], x, pending, mlp_out[i % 2]);
-      pending = &mlp_out[i % 2];
+    // Each layer's input norm, alternating between two buffers: made by the layer before, read by this one.
+    NormedAct normed[2] = {{act({T, H}), {}}, {act({T, H}), {}}};
+    Tensor sums[2] = {ops_.scratch(DType::kF32, {P, T}), ops_.scratch(DType::kF32, {P, T})};
+    const size_t n = w_.layers.size();
+    ops_.rms_norm(x, n > 0 ? w_.layers[0].input_norm : w_.final_norm, cfg_.rms_norm_eps, normed[0].h);
+    for (size_t i = 0; i < n; ++i) {
+      const bool last = i + 1 == n;
+      const NextNorm next{last ? w_.final_norm : w_.layers[i + 1].input_norm, last ? Tensor{} : sums[(i + 1) % 2]};
+      decoder_layer(w_.layers[i], normed[i % 2], x, next, normed[(i + 1) % 2]);
     }
-    Tensor hn = act({T, H});
-    if (pending) ops_.add_rms_norm(x, *pending, w_.final_norm, cfg_.rms_norm_eps, hn);
-    else ops_.rms_norm(x, w_.final_norm, cfg_.rms_norm_eps, hn);
+    Tensor hn = normed[n % 2].h;  // the final norm: never left to the linears (NextNorm)
     return {logits_of(hn, plan.n_out()), hn};
   });
   if (hidden_out) *hidden_out = out[1];
@@ -183,10 +185,11 @@ Tensor Qwen35Model::forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor
   ops_.concat_cols(e_normed, h_normed, fc_in);
   Tensor x = act({T, H});
   ops_.linear_weight(fc_in, m.fc, x);
-  Tensor mlp_out = act({T, H});
-  decoder_layer(m.layer, x, nullptr, mlp_out);
-  Tensor mtp_hidden = act({T, H});
-  ops_.add_rms_norm(x, mlp_out, m.norm, cfg_.rms_norm_eps, mtp_hidden);
+  NormedAct in{act({T, H}), {}};
+  ops_.rms_norm(x, m.layer.input_norm, cfg_.rms_norm_eps, in.h);
+  NormedAct out{act({T, H}), {}};  // the MTP's final norm: its output hidden
+  decoder_layer(m.layer, in, x, NextNorm{m.norm, Tensor{}}, out);
+  Tensor mtp_hidden = out.h;
   if (hidden_out) *hidden_out = mtp_hidden;
   return logits_of(mtp_hidden, plan.n_out());
 }

@@ -119,21 +119,23 @@ class Qwen35Model {
 
  private:
   Qwen35Model(const ModelConfig& cfg, ModelWeights w, Ops& ops) : cfg_(cfg), w_(std::move(w)), ops_(ops) {}
-  Tensor gdn_block(const LayerWeights& L, Tensor h);
-  Tensor attention_block(const LayerWeights& L, Tensor h);
-  void mlp_block(const LayerWeights& L, Tensor x, Tensor mixed, Tensor out);
-  void decoder_layer(const LayerWeights& L, Tensor x, const Tensor* pending, Tensor mlp_out);
+  // The norm after a block's last linear (Ops::linear_add_rms_norm): its weight, and the sums a
+  // backend may leave for the linears after it (f32 [norm_parts(H), T]; empty: the final norm,
+  // whose output is read by more than linears).
+  struct NextNorm {
+    Tensor w;
+    Tensor ss;
+  };
+  // Each block reads the normed input `in`, adds its output to the residual stream x act [T, H]
+  // and writes `out` = the next norm of x (out.h act [T, H] given).
+  void gdn_block(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next, NormedAct& out);
+  void attention_block(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next, NormedAct& out);
+  void mlp_block(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next, NormedAct& out);
+  void decoder_layer(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next, NormedAct& out);
   Tensor logits_of(Tensor hn, int64_t n_out);
   Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }
-  // outs[i] act [T, rows[i]] = x act [T, K] . (part i of w)^T; one Ops::linear_parts per group.
-  // conv (the GDN's in_proj): then conv->out = conv1d_silu(outs[0]), the first group's op
-  // (Ops::linear_parts_conv1d_silu) doing both.
-  struct ConvOfFirst {
-    Tensor w;
-    int state_layer;
-    Tensor out;
-  };
-  void linear(Tensor x, const FusedLinear& w, std::initializer_list<Tensor> outs, const ConvOfFirst* conv = nullptr);
+  // outs[i] act [T, rows[i]] = in act [T, K] . (part i of w)^T; one Ops::linear_parts per group.
+  void linear(const NormedAct& in, const FusedLinear& w, std::initializer_list<Tensor> outs);
 
   ModelConfig cfg_;
   ModelWeights w_;

@@ -28,8 +28,14 @@ void Ops::check_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> o
             outs.size(), (long long)sum, (long long)N);
 }
 
-void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool /*after_same_input*/) {
+void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool /*after_same_input*/,
+                       const RowScale& scale) {
   check_parts(x, w, outs);
+  if (!scale.empty()) {
+    linear_parts(x, w, outs);
+    for (const Tensor& out : outs) scale_rows(out, scale, x.dim(1));
+    return;
+  }
   if (outs.size() == 1) {  // the whole weight, in whatever form this backend stores it
     linear_weight(x, w, outs[0]);
     return;
@@ -62,22 +68,22 @@ void Ops::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, T
   linear_weight(x, w, out);
 }
 
-void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out) {
+void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out, const RowScale& scale) {
   const Tensor parts[2] = {gate, up};
-  linear_parts(x, w, parts);
+  linear_parts(x, w, parts, false, scale);
   silu_mul(gate, up, out);
 }
 
-void Ops::residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,
-                       const LinearWeight& down, Tensor out) {
-  const int64_t T = x.dim(0), H = x.dim(1), I = rows_of(gate_up) / 2;
-  DS_ASSERT(rows_of(down) == H, "residual_mlp: down has %lld rows, the hidden size is %lld",
-            static_cast<long long>(rows_of(down)), static_cast<long long>(H));
-  Tensor h = scratch(act_dtype(), {T, H});
-  add_rms_norm(x, y, norm_w, eps, h);
-  Tensor gate = scratch(act_dtype(), {T, I}), up = scratch(act_dtype(), {T, I}), gated = scratch(act_dtype(), {T, I});
-  linear_swiglu(h, gate_up, gate, up, gated);
-  linear_weight(gated, down, out);
+void Ops::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
+                              Tensor norm_w, float eps, Tensor /*ss*/, NormedAct& out) {
+  const int64_t T = x.dim(0), D = x.dim(1);
+  DS_ASSERT(rows_of(w) == D && out.h.numel() == T * D, "linear_add_rms_norm: %lld rows for x%s, out%s",
+            static_cast<long long>(rows_of(w)), x.shape_str().c_str(), out.h.shape_str().c_str());
+  Tensor y = scratch(act_dtype(), {T, D});
+  if (b) gated_linear(a, *b, act, w, y);
+  else linear_weight(a, w, y);
+  add_rms_norm(x, y, norm_w, eps, out.h);
+  out.scale = {};
 }
 
 void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,

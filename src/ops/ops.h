@@ -49,6 +49,21 @@ struct LinearWeight {
 // The gate of Ops::gated_linear's input.
 enum class GateAct : uint8_t { kSiluMul, kMulSigmoid };
 
+// A pre-norm's output as the linears after it read it (Ops::linear_add_rms_norm). Where the
+// backend leaves the division by each row's RMS to those linears, h holds the row times the norm
+// weight (rounded to act) and scale the sums of squares to divide by: the linears multiply their
+// output row t by 1 / sqrt(sum_p ss[p, t] / D + eps), D = h's width, the sum in order p = 0, 1, ..
+// Otherwise scale is empty and h = rms_norm(x) * w.
+struct RowScale {
+  Tensor ss;  // f32 [P, T]: the sums of x^2 over P parts of each row
+  float eps = 0.f;
+  bool empty() const { return ss.data == nullptr; }
+};
+struct NormedAct {
+  Tensor h;  // act [T, D]
+  RowScale scale;
+};
+
 // What a weight is used for, so a backend can choose its storage (Ops::prepare_weight).
 // kGateUp: the MLP's fused gate_up [2I, K], rows gate then up, used through linear_swiglu.
 enum class WeightRole : uint8_t { kLinear, kEmbedding, kLmHead, kGateUp };
@@ -137,16 +152,10 @@ class Ops {
   // after_same_input: the op just before this one read the same x (an earlier group of one fused
   // linear), so x was complete before that op began and a backend may start this one before that
   // op ends. Results are the same either way.
+  // scale: x is a NormedAct's h whose rows are still to be divided by their RMS (RowScale); the
+  // default scales the outputs with scale_rows.
   virtual void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
-                            bool after_same_input = false);
-  // linear_parts, then conv1d_silu(outs[0], conv_w, state_layer, conv_out): the GDN's in_proj,
-  // whose first part (mixed_qkv) the conv takes. The default runs the two ops (CUDA's split-K
-  // GEMV can convolve its rows in its epilogue at decode and verify: cuda::w4a16_gemv_fuses_conv).
-  virtual void linear_parts_conv1d_silu(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
-                                        bool after_same_input, Tensor conv_w, int state_layer, Tensor conv_out) {
-    linear_parts(x, w, outs, after_same_input);
-    conv1d_silu(outs[0], conv_w, state_layer, conv_out);
-  }
+                            bool after_same_input = false, const RowScale& scale = {});
   // out act [T, N] = act(a, b) . W^T, act(a, b) = silu(a) * b (kSiluMul: the MLP's down_proj) or
   // a * sigmoid(b) (kMulSigmoid: the attention's o_proj); a, b act [T, K]. The default runs
   // silu_mul or sigmoid_mul, then linear_weight; a may be overwritten. (CUDA gates the input while
@@ -154,9 +163,13 @@ class Ops {
   virtual void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out);
   // out act [T, I] = silu(gate) * up, where gate and up act [T, I] are the two halves of x act
   // [T, K] . W^T for w [2I, K] (rows gate then up: the MLP's fused gate_up, WeightRole::kGateUp),
-  // each rounded to act first. The default runs linear_parts into gate and up, then silu_mul;
-  // a backend may never write them (CUDA's GEMV computes the product in its epilogue).
-  virtual void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out);
+  // each rounded to act first (scale: as linear_parts'). The default runs linear_parts into gate
+  // and up, then silu_mul; a backend may never write them (CUDA's GEMV computes the product in
+  // its epilogue).
+  virtual void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out,
+                             const RowScale& scale = {});
+  // out act [T, N] *= 1 / sqrt(sum_p s.ss[p, t] / D + s.eps) for each row t (RowScale).
+  virtual void scale_rows(Tensor out, const RowScale& s, int64_t D) = 0;
   // x act [R, D] += y act [R, D]
   virtual void add(Tensor x, Tensor y) = 0;
   // x += y, then out = rms_norm(x) (of the sum as stored in act): the residual add and the next
@@ -165,13 +178,17 @@ class Ops {
     add(x, y);
     rms_norm(x, w, eps, out);
   }
-  // The post-mixer half of a decoder layer whose MLP has one fused gate_up (WeightRole::kGateUp):
-  // x += y, then out act [T, H] = down . (silu(gate) * up), [gate | up] = (rms_norm(x) * norm_w) .
-  // gate_up^T. x, y act [T, H]; norm_w f32 [H]; gate_up [2I, H], down [H, I]. The default runs
-  // add_rms_norm, linear_swiglu and linear_weight (CUDA has one persistent kernel for up to 8
-  // tokens, off by default: cuda::mlp_decode_tokens).
-  virtual void residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,
-                            const LinearWeight& down, Tensor out);
+  // The P of a RowScale's sums over rows of width D (linear_add_rms_norm's ss); 1 where the
+  // backend never leaves the division to the linears.
+  virtual int64_t norm_parts(int64_t D) const { return 1; }
+  // The last linear of a block, the residual add and the next pre-norm: y = a . W^T (b null) or
+  // act(a, b) . W^T (gated_linear; a may be overwritten), x += y, out = rms_norm(x) * norm_w
+  // (add_rms_norm). x act [T, D]; out.h act [T, D]; ss f32 [norm_parts(D), T], or empty where out
+  // is read by more than linears. A backend may leave the division by the RMS to the linears that
+  // read out (out.scale = {ss, eps}; CUDA at decode, where the GEMV's epilogue writes the sums:
+  // CudaOps); the default runs the three ops and leaves out.scale empty.
+  virtual void linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
+                                   Tensor norm_w, float eps, Tensor ss, NormedAct& out);
   // out act [T, I] = silu(gate) * up; gate, up act [T, I]
   virtual void silu_mul(Tensor gate, Tensor up, Tensor out) = 0;
   // out act [n_out, H] = x[plan.logit_rows]; x act [T, H]

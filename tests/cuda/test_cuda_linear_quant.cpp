@@ -5,9 +5,9 @@
 // gated inside the GEMV) against the separate kernels; the MLP's gate_up with its SiLU gate in the
 // GEMV's epilogue (linear_swiglu); the int8 group-128 lm_head (GEMV for
 // T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against CpuOps' int8
-// twin; Ops::residual_mlp's persistent kernel (mlp_decode.cu) against the separate kernels and
-// the CPU; the GDN in_proj's conv in the GEMV epilogue against the separate conv. Figures: the
-// streaming ceilings of the GEMVs' ways of reading weights, and timings at the Qwen3.8-27B shapes.
+// twin; Ops::linear_add_rms_norm's deferred norm (the GEMV epilogues) against the separate kernels
+// and the CPU. Figures: the streaming ceilings of the GEMVs' ways of reading weights, and timings
+// at the Qwen3.8-27B shapes.
 // Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
@@ -42,11 +42,7 @@ struct GemvSettingsRestored {
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
   bool wide = cuda::w4a16_gemv_wide();
-  int mlp_tokens = cuda::mlp_decode_tokens();
-  bool conv = cuda::w4a16_gemv_conv();
   ~GemvSettingsRestored() {
-    cuda::set_w4a16_gemv_conv(conv);
-    cuda::set_mlp_decode_tokens(mlp_tokens);
     cuda::set_w4a16_gemv_wide(wide);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
@@ -374,155 +370,86 @@ TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
   }
 }
 
-// The GDN's in_proj with its conv (Ops::linear_parts_conv1d_silu): CUDA's split-K GEMV convolves
-// the first part's rows in its epilogue at up to 8 tokens a step; against the two ops on a second
-// CudaOps of the same weights and caches (every output bit for bit, over steps that carry the
-// conv state: fresh sequences, decode, verify-sized steps, several sequences) and against the CPU.
-// Shapes: conv channels filling whole 128-row tiles, ending inside one, and the 27B's.
-TEST_F(CudaLinearQuantTest, InProjConvMatchesSeparate) {
-  const GemvSettingsRestored restore;
-  cuda::set_w4a16_gemv_conv(true);  // off by default
+// Ops::linear_add_rms_norm at 1, 3 and 8 tokens, where CUDA leaves the division by the RMS to the
+// linears after it: the GEMV's epilogue adds its rows to x, writes h = x * w and its tiles' sums of
+// squares, and the consumers scale their outputs (RowScale). Against the same ops with the norm
+// not deferred (no sums given) and against the CPU: x bit for bit the separate kernels', every
+// consumer within bf16 of both, 1e-2 (a tiled linear of three parts, a paired gate_up through
+// linear_swiglu, the small dense GEMV of two parts), the same bits on a second launch. Shapes: the
+// 27B's o_proj (gated by sigmoid) and down, and N 320 (a short last tile) at group 64.
+TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
   struct Shape {
-    int C, Z, K;
+    int H, K, group;
+    bool gated;
+    int I;
+    std::array<int, 3> parts;
   };
-  const int Kc = 4;
-  for (const Shape& sh : {Shape{384, 128, 1024}, Shape{200, 56, 1024}, Shape{10240, 6144, 5120}}) {
-    const int C = sh.C, N = sh.C + sh.Z, K = sh.K;
-    CudaOps fused_ops, apart_ops;
-    CpuOps cpu_ops;
-    CacheGeometry g;
-    g.n_state_layers = 1, g.n_slots = 4, g.conv_rows = Kc - 1, g.conv_dim = C, g.n_v_heads = 1, g.k_head_dim = 1,
-    g.v_head_dim = 1, g.n_kv_layers = 1, g.n_blocks = 1, g.n_kv_heads = 1, g.head_dim = 1;
-    fused_ops.alloc_caches(g);
-    apart_ops.alloc_caches(g);
-    cpu_ops.alloc_caches(g);
-    std::mt19937 wrng = rng;  // the same weight on both GPU backends
-    W4Case c = make_w4(fused_ops, wrng, N, K, 128);
-    wrng = rng;
-    W4Case c_apart = make_w4(apart_ops, wrng, N, K, 128);
-    rng = wrng;
-    LinearWeight w_cpu;
-    w_cpu.dense = cpu_ops.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
-    const std::vector<float> cw = random_bf16(size_t(C) * Kc, rng, 0.5f);
-    Tensor cw_gpu = fused_ops.upload(cw.data(), DType::kF32, {C, Kc}, DType::kF32);
-    Tensor cw_apart = apart_ops.upload(cw.data(), DType::kF32, {C, Kc}, DType::kF32);
-    Tensor cw_cpu = cpu_ops.upload(cw.data(), DType::kF32, {C, Kc}, DType::kF32);
-    // New tokens of the 3 sequences a step (their n_past accumulate): fresh ones, decode, verify.
-    std::vector<int> past = {0, 0, 0};
-    // (CudaOps fuses steps of up to 2 sequences: one walk a thread in the epilogue.)
-    for (const std::vector<int>& lens : std::vector<std::vector<int>>{{1, 2, 0}, {0, 1, 1}, {0, 4, 4}, {1, 0, 0}}) {
-      StepPlan p;
-      p.cu_seqlens = {0};
-      for (int s = 0; s < 3; ++s) {
-        if (lens[s] == 0) continue;
-        for (int i = 0; i < lens[s]; ++i) p.positions.push_back(past[s] + i), p.token_ids.push_back(1);
-        p.cu_seqlens.push_back(p.cu_seqlens.back() + lens[s]);
-        p.n_past.push_back(past[s]);
-        p.state_slots.push_back(s);
-        p.block_tables.push_back(0);
-      }
-      p.max_blocks = 1;
-      const int T = p.cu_seqlens.back();
-      p.logit_rows = {T - 1};
-      fused_ops.begin_step(p);
-      apart_ops.begin_step(p);
-      cpu_ops.begin_step(p);
-      std::string what = "C" + std::to_string(C) + " N" + std::to_string(N) + " K" + std::to_string(K) + " T" +
-                         std::to_string(T);
-      EXPECT_TRUE(cuda::w4a16_gemv_fuses_conv(T, N, K, 128)) << what;
-      const std::vector<float> x = random_bf16(size_t(T) * K, rng);
-      // two_ops: linear_parts, then conv1d_silu (the switch is the process's, so the second
-      // CudaOps must not take the fused op).
-      auto run = [&](Ops& ops, const LinearWeight& w, Tensor conv_w, DType dt, bool two_ops) {
-        Tensor xt = ops.upload(x.data(), DType::kF32, {T, K}, dt);
-        const Tensor outs[2] = {ops.scratch(dt, {T, C}), ops.scratch(dt, {T, sh.Z})};
-        Tensor conv_out = ops.scratch(dt, {T, C});
-        if (two_ops) {
-          ops.linear_parts(xt, w, outs);
-          ops.conv1d_silu(outs[0], conv_w, 0, conv_out);
-        } else {
-          ops.linear_parts_conv1d_silu(xt, w, outs, false, conv_w, 0, conv_out);
+  constexpr float kEps = 1e-6f;
+  for (const Shape& sh : {Shape{5120, 6144, 128, true, 17408, {4096, 1024, 1024}},
+                          Shape{5120, 17408, 128, false, 17408, {4096, 1024, 1024}},
+                          Shape{320, 1024, 64, false, 448, {128, 64, 48}}}) {
+    const int H = sh.H, K = sh.K, I = sh.I, Nq = sh.parts[0] + sh.parts[1] + sh.parts[2];
+    constexpr int kSmallRows = 48;  // each of the small GEMV's two parts
+    W4Case prod = make_w4(*gpu, rng, H, K, sh.group);
+    W4Case gu = make_w4(*gpu, rng, 2 * I, H, sh.group, WeightRole::kGateUp);
+    W4Case qkv = make_w4(*gpu, rng, Nq, H, sh.group);
+    const std::vector<float> small = random_bf16(size_t(2 * kSmallRows) * H, rng, 0.05f);
+    std::vector<float> norm(H);
+    std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+    for (auto& v : norm) v = ud(rng);
+    LinearWeight prod_c, gu_c, qkv_c, small_c, small_g;
+    prod_c.dense = cpu.upload(prod.dense.data(), DType::kF32, {H, K}, DType::kF32);
+    gu_c.dense = cpu.upload(gu.dense.data(), DType::kF32, {2 * I, H}, DType::kF32);
+    qkv_c.dense = cpu.upload(qkv.dense.data(), DType::kF32, {Nq, H}, DType::kF32);
+    small_c.dense = cpu.upload(small.data(), DType::kF32, {2 * kSmallRows, H}, DType::kF32);
+    small_g.dense = gpu->upload(small.data(), DType::kF32, {2 * kSmallRows, H}, DType::kBF16);
+    for (int T : {1, 3, 8}) {
+      const std::string what = "H" + std::to_string(H) + " K" + std::to_string(K) + " T" + std::to_string(T);
+      const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng),
+                               x = random_bf16(size_t(T) * H, rng, 4.f);
+      // x after the op, then the consumers' outputs: 3 parts, silu(gate) * up, 2 small parts.
+      using Results = std::vector<std::vector<float>>;
+      auto run = [&](Ops& ops, const LinearWeight& wp, const LinearWeight& wgu, const LinearWeight& wq,
+                     const LinearWeight& ws, DType dt, bool defer) {
+        Tensor ag = ops.upload(a.data(), DType::kF32, {T, K}, dt), bg = ops.upload(b.data(), DType::kF32, {T, K}, dt);
+        Tensor xg = ops.upload(x.data(), DType::kF32, {T, H}, dt);
+        Tensor wn = ops.upload(norm.data(), DType::kF32, {H}, DType::kF32);
+        Tensor ss = defer ? ops.scratch(DType::kF32, {ops.norm_parts(H), T}) : Tensor{};
+        NormedAct out{ops.scratch(dt, {T, H}), {}};
+        ops.linear_add_rms_norm(ag, sh.gated ? &bg : nullptr, GateAct::kMulSigmoid, wp, xg, wn, kEps, ss, out);
+        if (&ops == gpu.get()) {
+          // Deferred wherever the GEMV takes one split-K launch of the one-tile kernel (the gated
+          // o_proj at 8 tokens too, its gate applied by a kernel of its own).
+          EXPECT_EQ(!out.scale.empty(), defer && cuda::w4a16_gemv_norms_output(T, H, K, sh.group, false)) << what;
         }
-        std::vector<std::vector<float>> r;
-        for (Tensor t : {outs[0], outs[1], conv_out}) {
-          r.emplace_back(t.numel());
-          ops.download_f32(t, r.back().data());
+        const Tensor q[3] = {ops.scratch(dt, {T, sh.parts[0]}), ops.scratch(dt, {T, sh.parts[1]}),
+                             ops.scratch(dt, {T, sh.parts[2]})};
+        ops.linear_parts(out.h, wq, q, false, out.scale);
+        Tensor gate = ops.scratch(dt, {T, I}), up = ops.scratch(dt, {T, I}), gated = ops.scratch(dt, {T, I});
+        ops.linear_swiglu(out.h, wgu, gate, up, gated, out.scale);
+        const Tensor sm[2] = {ops.scratch(dt, {T, kSmallRows}), ops.scratch(dt, {T, kSmallRows})};
+        ops.linear_parts(out.h, ws, sm, true, out.scale);
+        Results r;
+        for (Tensor t : {xg, q[0], q[1], q[2], gated, sm[0], sm[1]}) {
+          std::vector<float> h(t.numel());
+          ops.download_f32(t, h.data());
+          r.push_back(std::move(h));
         }
         ops.reset_scratch();
         return r;
       };
-      const auto fused = run(fused_ops, c.gpu_w, cw_gpu, DType::kBF16, false);
-      const auto apart = run(apart_ops, c_apart.gpu_w, cw_apart, DType::kBF16, true);
-      const auto ref = run(cpu_ops, w_cpu, cw_cpu, DType::kF32, false);
-      const char* names[3] = {" mixed", " z", " conv"};
-      for (int i = 0; i < 3; ++i) {
-        EXPECT_EQ(fused[i], apart[i]) << what << names[i];
-        EXPECT_LE(rel_rms(fused[i], ref[i]), 1e-2) << what << names[i];
+      const Results ref = run(cpu, prod_c, gu_c, qkv_c, small_c, DType::kF32, true);
+      const Results apart = run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, small_g, DType::kBF16, false);
+      const Results deferred = run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, small_g, DType::kBF16, true);
+      EXPECT_EQ(run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, small_g, DType::kBF16, true), deferred) << what;
+      EXPECT_EQ(deferred[0], apart[0]) << what << " x";
+      EXPECT_LE(rel_rms(deferred[0], ref[0]), 3e-3) << what << " x";
+      const char* names[7] = {" x", " part 0", " part 1", " part 2", " swiglu", " small 0", " small 1"};
+      for (int i = 1; i < 7; ++i) {
+        EXPECT_LE(rel_rms(deferred[i], apart[i]), 1e-2) << what << names[i];
+        EXPECT_LE(rel_rms(deferred[i], ref[i]), 1e-2) << what << names[i];
+        EXPECT_LE(rel_rms(apart[i], ref[i]), 1e-2) << what << names[i];
       }
-      for (int s = 0; s < 3; ++s) past[s] += lens[s];
-    }
-  }
-}
-
-// Ops::residual_mlp at 1, 3 and 8 tokens (x += y; out = down . swiglu(gate_up . rms_norm(x))):
-// CUDA's persistent kernel (mlp_decode.cu) against the same op as separate kernels
-// (mlp_decode_tokens 0) and against the CPU. The residual sum is bit for bit the separate
-// kernels'; out is within bf16 of both and the same bits on every launch (its sums in warp order,
-// its counters left zero). Shapes: fewer units than warps (128 x 128: most warps have none), short
-// last units (320 x 384, groups 64 and 128), groups 128 and 256 with many warps a row block
-// (1024 x 2816), the 27B's.
-TEST_F(CudaLinearQuantTest, ResidualMlpMatchesCpu) {
-  const GemvSettingsRestored restore;
-  cuda::set_mlp_decode_tokens(cuda::kMlpDecodeMaxTokens);
-  struct Shape {
-    int H, I, group_gu, group_dn;
-  };
-  constexpr float kEps = 1e-6f;
-  for (const Shape& sh : {Shape{128, 128, 128, 128}, Shape{320, 384, 64, 128}, Shape{1024, 2816, 128, 256},
-                          Shape{5120, 17408, 128, 128}}) {
-    const int H = sh.H, I = sh.I;
-    W4Case gu = make_w4(*gpu, rng, 2 * I, H, sh.group_gu, WeightRole::kGateUp);
-    W4Case dn = make_w4(*gpu, rng, H, I, sh.group_dn);
-    ASSERT_TRUE(gu.gpu_w.paired) << "H" << H;
-    LinearWeight gu_cpu, dn_cpu;
-    gu_cpu.dense = cpu.upload(gu.dense.data(), DType::kF32, {2 * I, H}, DType::kF32);
-    dn_cpu.dense = cpu.upload(dn.dense.data(), DType::kF32, {H, I}, DType::kF32);
-    for (int T : {1, 3, 8}) {
-      const std::string what = "H" + std::to_string(H) + " I" + std::to_string(I) + " T" + std::to_string(T);
-      if (cuda::w4a16_gemv_tma()) {
-        EXPECT_TRUE(cuda::mlp_decode_supported(H, I, sh.group_gu, sh.group_dn, T)) << what;
-      }
-      const std::vector<float> x = random_bf16(size_t(T) * H, rng), y = random_bf16(size_t(T) * H, rng);
-      std::vector<float> norm(H);
-      std::uniform_real_distribution<float> ud(0.5f, 1.5f);
-      for (auto& v : norm) v = ud(rng);
-
-      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, H}, DType::kF32), oc = cpu.scratch(DType::kF32, {T, H});
-      cpu.residual_mlp(xc, cpu.upload(y.data(), DType::kF32, {T, H}, DType::kF32),
-                       cpu.upload(norm.data(), DType::kF32, {H}, DType::kF32), kEps, gu_cpu, dn_cpu, oc);
-      const std::vector<float> ref_x(xc.f32(), xc.f32() + xc.numel()), ref_out(oc.f32(), oc.f32() + oc.numel());
-
-      Tensor yg = gpu->upload(y.data(), DType::kF32, {T, H}, DType::kBF16);
-      Tensor wg = gpu->upload(norm.data(), DType::kF32, {H}, DType::kF32);
-      auto run = [&](int tokens, std::vector<float>& x_after) {
-        cuda::set_mlp_decode_tokens(tokens);
-        Tensor xg = gpu->upload(x.data(), DType::kF32, {T, H}, DType::kBF16), og = gpu->scratch(DType::kBF16, {T, H});
-        gpu->residual_mlp(xg, yg, wg, kEps, gu.gpu_w, dn.gpu_w, og);
-        x_after = download(xg);
-        return download(og);
-      };
-      std::vector<float> x_apart, x_fused, x_again;
-      const std::vector<float> apart = run(0, x_apart);
-      const std::vector<float> fused = run(cuda::kMlpDecodeMaxTokens, x_fused);
-      for (int rep = 0; rep < 3; ++rep)
-        EXPECT_EQ(run(cuda::kMlpDecodeMaxTokens, x_again), fused) << what << " launch " << rep + 2;
-      EXPECT_EQ(x_fused, x_apart) << what;
-      EXPECT_LE(rel_rms(x_fused, ref_x), 3e-3) << what;
-      EXPECT_LE(rel_rms(fused, apart), 5e-3) << what;
-      EXPECT_LE(rel_rms(fused, ref_out), 1e-2) << what;  // h, gate, up and their product rounded to bf16 on the GPU
-      EXPECT_LE(rel_rms(apart, ref_out), 1e-2) << what;
-      gpu->reset_scratch();
-      cpu.reset_scratch();
     }
   }
 }

@@ -163,6 +163,21 @@ void CpuOps::add(Tensor x, Tensor y) {
   round_act(x);
 }
 
+void CpuOps::scale_rows(Tensor out, const RowScale& s, int64_t D) {
+  const int64_t T = out.dim(0), N = out.numel() / std::max<int64_t>(T, 1), P = s.ss.dim(0);
+  DS_ASSERT(s.ss.ndim == 2 && s.ss.dim(1) == T && s.ss.dtype == DType::kF32, "scale_rows: sums %s for %lld rows",
+            s.ss.shape_str().c_str(), static_cast<long long>(T));
+  const float* ss = s.ss.f32();
+  float* o = out.f32();
+  for (int64_t t = 0; t < T; ++t) {
+    float sum = 0.f;
+    for (int64_t p = 0; p < P; ++p) sum += ss[p * T + t];
+    const float r = 1.f / std::sqrt(sum / static_cast<float>(D) + s.eps);
+    for (int64_t n = 0; n < N; ++n) o[t * N + n] *= r;
+  }
+  round_act(out);
+}
+
 void CpuOps::silu_mul(Tensor gate, Tensor up, Tensor out) {
   const float* g = gate.f32();
   const float* u = up.f32();

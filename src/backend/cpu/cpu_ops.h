@@ -47,6 +47,7 @@ class CpuOps final : public Ops {
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
   void add(Tensor x, Tensor y) override;
+  void scale_rows(Tensor out, const RowScale& s, int64_t D) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
   void gather_rows(Tensor x, Tensor out) override;
   void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;

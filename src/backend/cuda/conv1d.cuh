@@ -1,7 +1,6 @@
-// The causal depthwise conv1d + SiLU of one (sequence, channel) at decode and verify, shared by
-// conv1d.cu's one-thread walk and the GEMV epilogue that fuses it (gemv_out.cuh): the window
-// [conv state; the sequence's tokens] in registers, the products summed in order j = 0 .. K - 1,
-// then the last K - 1 rows stored as the new state.
+// The causal depthwise conv1d + SiLU of one (sequence, channel) at decode and verify, conv1d.cu's
+// one-thread walk: the window [conv state; the sequence's tokens] in registers, the products
+// summed in order j = 0 .. K - 1, then the last K - 1 rows stored as the new state.
 #pragma once
 
 #include <cuda_bf16.h>

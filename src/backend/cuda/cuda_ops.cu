@@ -58,7 +58,6 @@ struct CudaOps::Impl {
     graphs.clear();
   }
   int* gemv_counters = nullptr;  // i32 [kGemvMaxSplitTiles]: split-K GEMV tile counters, zero between launches
-  int* mlp_sync = nullptr;       // i32 [kMlpDecodeSyncInts]: launch_mlp_decode's counters, zero between launches
 
   void* alloc(size_t bytes) {
     void* p = nullptr;
@@ -98,6 +97,25 @@ cuda::GemvOut gemv_out_of(std::span<const Tensor> outs, const char* what) {
   o.n_parts = static_cast<int>(outs.size());
   return o;
 }
+
+// A consumer's GemvNorm: the scale of the rows of an input K wide.
+cuda::GemvNorm norm_scale_of(const RowScale& s, int K) {
+  if (s.empty()) return {};
+  expect_f32(s.ss, "a deferred norm's sums");
+  cuda::GemvNorm n;
+  n.ss = F(s.ss);
+  n.eps = s.eps;
+  n.inv_d = 1.f / static_cast<float>(K);
+  n.parts = static_cast<int>(s.ss.dim(0));
+  DS_ASSERT(n.parts <= cuda::kGemvNormMaxParts, "a deferred norm of %d parts", n.parts);
+  return n;
+}
+
+// Whether linear_add_rms_norm may leave the division by the RMS to the linears (DS_DEFER_NORM).
+bool defer_norms() {
+  static const bool on = cuda::env_flag("DS_DEFER_NORM", true);
+  return on;
+}
 }  // namespace
 
 CudaOps::CudaOps(const CudaOpsOptions& options) : impl_(new Impl()), options_(options) {
@@ -112,8 +130,6 @@ CudaOps::CudaOps(const CudaOpsOptions& options) : impl_(new Impl()), options_(op
   impl_->scratch = static_cast<char*>(impl_->alloc(options.scratch_bytes));
   impl_->gemv_counters = static_cast<int*>(impl_->alloc(cuda::kGemvMaxSplitTiles * sizeof(int)));
   CUDA_CHECK(cudaMemset(impl_->gemv_counters, 0, cuda::kGemvMaxSplitTiles * sizeof(int)));
-  impl_->mlp_sync = static_cast<int*>(impl_->alloc(cuda::kMlpDecodeSyncInts * sizeof(int)));
-  CUDA_CHECK(cudaMemset(impl_->mlp_sync, 0, cuda::kMlpDecodeSyncInts * sizeof(int)));
 }
 
 CudaOps::~CudaOps() {
@@ -428,7 +444,8 @@ bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda
 
 }  // namespace
 
-void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool after_same_input) {
+void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool after_same_input,
+                           const RowScale& scale) {
   // Tiled W4A16 cannot be cut into row views: one GEMV writes every part. Small dense weights
   // (GDN b + a at decode) take one small-GEMV launch; other dense ones, and single parts, the
   // default (row views).
@@ -439,14 +456,15 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   DS_ASSERT(!w.paired || (outs.size() == 2 && outs[0].dim(1) == outs[1].dim(1)),
             "a paired W4A16 weight (gate_up) is read as its two halves, not %zu parts", outs.size());
   if (outs.size() == 1 || outs.size() > size_t(cuda::kGemvMaxParts) || !(tiled || small)) {
-    Ops::linear_parts(x, w, outs);
+    Ops::linear_parts(x, w, outs, after_same_input, scale);
     return;
   }
   check_parts(x, w, outs);
   expect_bf16(x, "linear_parts x");
-  const cuda::GemvOut o = gemv_out_of(outs, "linear_parts out");
+  cuda::GemvOut o = gemv_out_of(outs, "linear_parts out");
+  o.norm = norm_scale_of(scale, K);
   if (tiled && w.paired && w4a16_takes_gemv(T)) {
-    linear_w4a16_paired_rows(B(x), T, K, w, o.ptr[0], o.ptr[1], false);
+    linear_w4a16_paired_rows(B(x), T, K, w, o.ptr[0], o.ptr[1], false, scale);
   } else if (tiled) {
     linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
   } else {
@@ -454,43 +472,6 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
     cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(w.dense.dim(0)), K, impl_->stream,
                             after_same_input);
   }
-}
-
-constexpr int kConvGemvMaxSeqs = 2;
-
-void CudaOps::linear_parts_conv1d_silu(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
-                                       bool after_same_input, Tensor conv_w, int layer, Tensor conv_out) {
-  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
-  const int C = static_cast<int>(outs[0].dim(1)), Kc = static_cast<int>(conv_w.dim(1));
-  // At most kConvGemvMaxSeqs sequences: the last block of a tile walks its 128 channels of each
-  // sequence, one walk a thread (at 8 sequences, 4 walks a thread one after another cost C8 0.12
-  // ms a step more than the conv kernel on the H200: docs/perf/2026-12-02-s20-cuda-27b.md).
-  const bool fused = w.quantized() && w.format == WeightFormat::kW4A16Tiled && !w.paired &&
-                     outs.size() <= size_t(cuda::kGemvMaxParts) && T == plan_.n_tokens() &&
-                     plan_.n_seqs() <= kConvGemvMaxSeqs && C == geo_.conv_dim && Kc - 1 == geo_.conv_rows &&
-                     Kc <= cuda::kConvMaxShortK && w4a16_takes_gemv(T) &&
-                     cuda::w4a16_gemv_fuses_conv(T, static_cast<int>(w.rows), K, w.group_size);
-  if (!fused) {
-    Ops::linear_parts_conv1d_silu(x, w, outs, after_same_input, conv_w, layer, conv_out);
-    return;
-  }
-  check_parts(x, w, outs);
-  expect_bf16(x, "linear_parts_conv1d_silu x");
-  expect_f32(conv_w, "linear_parts_conv1d_silu conv weight");
-  expect_bf16(conv_out, "linear_parts_conv1d_silu conv out");
-  DS_ASSERT(conv_out.numel() == int64_t(T) * C, "linear_parts_conv1d_silu: conv out %s for %d tokens of %d channels",
-            conv_out.shape_str().c_str(), T, C);
-  cuda::GemvOut o = gemv_out_of(outs, "linear_parts_conv1d_silu out");
-  o.conv.w = F(conv_w);
-  o.conv.state = static_cast<bf16*>(conv_state(layer));
-  o.conv.out = B(conv_out);
-  o.conv.cu_seqlens = impl_->cu_seqlens;
-  o.conv.n_past = impl_->n_past;
-  o.conv.slots = impl_->slots;
-  o.conv.n_seqs = plan_.n_seqs();
-  o.conv.C = C;
-  o.conv.K = Kc;
-  linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
 }
 
 void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
@@ -511,14 +492,15 @@ void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& 
                act == GateAct::kSiluMul ? cuda::GemvGate::kSiluMul : cuda::GemvGate::kMulSigmoid);
 }
 
-void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out) {
+void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out,
+                            const RowScale& scale) {
   // A paired weight's GEMV computes silu(gate) * up in its epilogue where its launches take one
-  // token tile (w4a16_gemv_writes_swiglu), else writes its rows for one kernel to take the
-  // product; the cuBLAS path of long inputs and other weights take the default (gate and up, then
-  // silu_mul).
+  // token tile (w4a16_gemv_writes_swiglu) and it can scale its sums there too, else writes its
+  // rows for one kernel to take the product; the cuBLAS path of long inputs and other weights take
+  // the default (gate and up, then silu_mul).
   const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
   if (!(w.quantized() && w.format == WeightFormat::kW4A16Tiled && w.paired && w4a16_takes_gemv(T))) {
-    Ops::linear_swiglu(x, w, gate, up, out);
+    Ops::linear_swiglu(x, w, gate, up, out, scale);
     return;
   }
   expect_bf16(x, "linear_swiglu x");
@@ -526,18 +508,23 @@ void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor
   const int N = static_cast<int>(w.rows);
   DS_ASSERT(out.ndim == 2 && out.dim(0) == T && out.dim(1) == N / 2, "linear_swiglu: out %s for x%s and %d rows",
             out.shape_str().c_str(), x.shape_str().c_str(), N);
-  if (cuda::w4a16_gemv_writes_swiglu(std::min(T, cuda::w4a16_gemv_tokens()))) {  // the largest launch
-    linear_w4a16(B(x), T, K, w, cuda::GemvOut::swiglu_of(B(out), N), nullptr, cuda::GemvGate::kNone);
+  if (cuda::w4a16_gemv_writes_swiglu(std::min(T, cuda::w4a16_gemv_tokens())) &&  // the largest launch
+      (scale.empty() || cuda::w4a16_gemv_scales_output(T))) {
+    cuda::GemvOut o = cuda::GemvOut::swiglu_of(B(out), N);
+    o.norm = norm_scale_of(scale, K);
+    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
     return;
   }
-  linear_w4a16_paired_rows(B(x), T, K, w, B(out), nullptr, true);
+  linear_w4a16_paired_rows(B(x), T, K, w, B(out), nullptr, true, scale);
 }
 
 void CudaOps::linear_w4a16_paired_rows(const void* x, int T, int K, const LinearWeight& w, void* a, void* b,
-                                       bool swiglu) {
+                                       bool swiglu, const RowScale& scale) {
   const size_t mark = scratch_mark();
   Tensor rows = scratch(DType::kBF16, {T, w.rows});  // bf16 [T, N] in the paired row order
-  linear_w4a16(x, T, K, w, cuda::GemvOut::whole(B(rows), static_cast<int>(w.rows)), nullptr, cuda::GemvGate::kNone);
+  cuda::GemvOut o = cuda::GemvOut::whole(B(rows), static_cast<int>(w.rows));
+  o.norm = norm_scale_of(scale, K);
+  linear_w4a16(x, T, K, w, o, nullptr, cuda::GemvGate::kNone);
   cuda::launch_paired_rows(B(rows), static_cast<bf16*>(a), static_cast<bf16*>(b), T, static_cast<int>(w.rows / 2),
                            swiglu, impl_->stream);
   scratch_release(mark);
@@ -551,6 +538,10 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
             w.packed.shape_str().c_str());
   if (T == 0) return;
   const auto* tiled = static_cast<const uint32_t*>(w.packed.data);
+  // A consumer's scale the GEMV cannot apply in its epilogue: scale_rows after it.
+  const bool scale_after = out.norm.ss && !out.norm.x && !(w4a16_takes_gemv(T) && cuda::w4a16_gemv_scales_output(T));
+  DS_ASSERT(!scale_after || !out.swiglu, "W4A16 GEMV: a swiglu output at %d tokens with a norm scale", T);
+  DS_ASSERT(!out.norm.x || T <= cuda::w4a16_gemv_tokens(), "W4A16 GEMV: a norm output in one launch, not %d tokens", T);
   const size_t mark = scratch_mark();
   if (w4a16_takes_gemv(T)) {
     const int per_launch = cuda::w4a16_gemv_tokens();
@@ -558,9 +549,11 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
       const int n = std::min(per_launch, T - t0);
       const int splits = cuda::w4a16_gemv_splits(n, N, K);
       float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
-      cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, out.from_token(t0), partial, impl_->gemv_counters, splits,
-                              n, N, K, w.group_size, impl_->stream,
-                              xb ? static_cast<const bf16*>(xb) + int64_t(t0) * K : nullptr, gate);
+      cuda::GemvOut o = out.from_token(t0);
+      if (scale_after) o.norm = {};
+      cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, o, partial, impl_->gemv_counters, splits, n, N, K,
+                              w.group_size, impl_->stream, xb ? static_cast<const bf16*>(xb) + int64_t(t0) * K : nullptr,
+                              gate);
     }
   } else {
     // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each
@@ -586,6 +579,9 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
       }
     }
   }
+  if (scale_after)
+    for (int p = 0; p < out.n_parts; ++p)
+      cuda::launch_scale_rows(out.ptr[p], out.norm.ss, T, out.rows[p], out.norm.parts, K, out.norm.eps, impl_->stream);
   scratch_release(mark);
 }
 
@@ -633,35 +629,57 @@ void CudaOps::add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) 
     Ops::add_rms_norm(x, y, w, eps, out);  // two passes
 }
 
-void CudaOps::residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,
-                           const LinearWeight& down, Tensor out) {
-  // Up to kMlpDecodeMaxTokens tokens: one persistent launch for the add, the norm and both linears
-  // (mlp_decode.cu).
-  const bool tiled = gate_up.quantized() && gate_up.format == WeightFormat::kW4A16Tiled && gate_up.paired &&
-                     down.quantized() && down.format == WeightFormat::kW4A16Tiled;
-  const int T = static_cast<int>(x.dim(0)), H = static_cast<int>(x.dim(1));
-  const int I = tiled ? static_cast<int>(gate_up.rows / 2) : 0;
-  if (!tiled || down.rows != H || !cuda::mlp_decode_supported(H, I, gate_up.group_size, down.group_size, T)) {
-    Ops::residual_mlp(x, y, norm_w, eps, gate_up, down, out);
+void CudaOps::scale_rows(Tensor out, const RowScale& s, int64_t D) {
+  expect_bf16(out, "scale_rows out");
+  expect_f32(s.ss, "scale_rows sums");
+  const int T = static_cast<int>(out.dim(0));
+  DS_ASSERT(s.ss.ndim == 2 && s.ss.dim(1) == T, "scale_rows: sums %s for %d rows", s.ss.shape_str().c_str(), T);
+  cuda::launch_scale_rows(B(out), F(s.ss), T, static_cast<int>(out.numel() / std::max(T, 1)),
+                          static_cast<int>(s.ss.dim(0)), static_cast<int>(D), s.eps, impl_->stream);
+}
+
+int64_t CudaOps::norm_parts(int64_t D) const { return (D + cuda::kGemvTileRows - 1) / cuda::kGemvTileRows; }
+
+void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
+                                  Tensor norm_w, float eps, Tensor ss, NormedAct& out) {
+  const int T = static_cast<int>(x.dim(0)), D = static_cast<int>(x.dim(1)), K = static_cast<int>(a.dim(1));
+  const bool fused = defer_norms() && ss.data && norm_parts(D) <= cuda::kGemvNormMaxParts && w.quantized() &&
+                     w.format == WeightFormat::kW4A16Tiled && !w.paired && w.rows == D && w4a16_takes_gemv(T) &&
+                     cuda::w4a16_gemv_norms_output(T, D, K, w.group_size, false);
+  if (!fused) {
+    Ops::linear_add_rms_norm(a, b, act, w, x, norm_w, eps, ss, out);
     return;
   }
-  expect_bf16(x, "residual_mlp x");
-  expect_bf16(y, "residual_mlp y");
-  expect_bf16(out, "residual_mlp out");
-  expect_f32(norm_w, "residual_mlp norm weight");
-  DS_ASSERT(y.numel() == x.numel() && out.numel() == x.numel() && norm_w.numel() == H &&
-                gate_up.packed.dim(1) == cuda::w4a16_tiled_block_words(H, gate_up.group_size) &&
-                down.packed.dim(1) == cuda::w4a16_tiled_block_words(I, down.group_size),
-            "residual_mlp shapes: x%s y%s out%s norm%s, gate_up %lld rows, down tiled%s", x.shape_str().c_str(),
-            y.shape_str().c_str(), out.shape_str().c_str(), norm_w.shape_str().c_str(),
-            static_cast<long long>(gate_up.rows), down.packed.shape_str().c_str());
-  const size_t mark = scratch_mark();
-  const size_t bytes = cuda::mlp_decode_scratch_bytes(H, I, gate_up.group_size, down.group_size, T);
-  Tensor buf = scratch(DType::kF32, {static_cast<int64_t>((bytes + 3) / 4)});
-  cuda::launch_mlp_decode(B(x), B(y), F(norm_w), eps, static_cast<const uint32_t*>(gate_up.packed.data),
-                          gate_up.group_size, static_cast<const uint32_t*>(down.packed.data), down.group_size, H, I,
-                          T, B(out), buf.data, impl_->mlp_sync, impl_->stream);
-  scratch_release(mark);
+  expect_bf16(a, "linear_add_rms_norm input");
+  expect_bf16(x, "linear_add_rms_norm x");
+  expect_bf16(out.h, "linear_add_rms_norm out");
+  expect_f32(norm_w, "linear_add_rms_norm norm weight");
+  expect_f32(ss, "linear_add_rms_norm sums");
+  DS_ASSERT(out.h.numel() == int64_t(T) * D && norm_w.numel() == D && ss.ndim == 2 && ss.dim(0) == norm_parts(D) &&
+                ss.dim(1) == T && (!b || b->numel() == a.numel()),
+            "linear_add_rms_norm shapes: x%s out%s norm%s sums%s", x.shape_str().c_str(), out.h.shape_str().c_str(),
+            norm_w.shape_str().c_str(), ss.shape_str().c_str());
+  // A gated input: gated while the GEMV stages it where it can, else by its own kernel first (as
+  // gated_linear's default: the attention's o_proj at 5-8 tokens, whose two inputs do not fit
+  // beside its rings).
+  Tensor in = a;
+  const bf16* xb = nullptr;
+  cuda::GemvGate gate = cuda::GemvGate::kNone;
+  if (b && cuda::w4a16_gemv_norms_output(T, D, K, w.group_size, true)) {
+    xb = B(*b);
+    gate = act == GateAct::kSiluMul ? cuda::GemvGate::kSiluMul : cuda::GemvGate::kMulSigmoid;
+  } else if (b && act == GateAct::kSiluMul) {
+    in = scratch(DType::kBF16, {T, K});
+    silu_mul(a, *b, in);
+  } else if (b) {
+    sigmoid_mul(a, *b);
+  }
+  cuda::GemvOut o = cuda::GemvOut::whole(B(out.h), D);
+  o.norm.x = B(x);
+  o.norm.w = F(norm_w);
+  o.norm.ss = F(ss);
+  linear_w4a16(B(in), T, K, w, o, xb, gate);
+  out.scale = {ss, eps};
 }
 
 void CudaOps::silu_mul(Tensor gate, Tensor up, Tensor out) {

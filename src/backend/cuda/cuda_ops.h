@@ -67,16 +67,20 @@ class CudaOps final : public Ops {
   void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) override;
   // A small dense group after the W4A16 group of the same input (after_same_input) runs beside
   // that GEMV's tail: its kernel waits for the GEMV only before it ends (launch_small_gemv).
-  void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
-                    bool after_same_input = false) override;
-  // The conv in the epilogue of the in_proj's split-K GEMV at up to 8 tokens and 2 sequences a
-  // step where cuda::w4a16_gemv_fuses_conv (off by default), else the two ops.
-  void linear_parts_conv1d_silu(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool after_same_input,
-                                Tensor conv_w, int state_layer, Tensor conv_out) override;
+  // A scale (a deferred norm of x) is applied in the GEMVs' epilogues where they allow it, else by
+  // scale_rows after them.
+  void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool after_same_input = false,
+                    const RowScale& scale = {}) override;
   void add(Tensor x, Tensor y) override;
   void add_rms_norm(Tensor x, Tensor y, Tensor w, float eps, Tensor out) override;
-  void residual_mlp(Tensor x, Tensor y, Tensor norm_w, float eps, const LinearWeight& gate_up,
-                    const LinearWeight& down, Tensor out) override;
+  void scale_rows(Tensor out, const RowScale& s, int64_t D) override;
+  int64_t norm_parts(int64_t D) const override;
+  // At decode (up to 8 tokens, a W4A16 weight whose GEMV takes one split-K launch of the one-tile
+  // kernel: cuda::w4a16_gemv_norms_output) the GEMV's epilogue adds its rows to x, writes h = x * w
+  // and each tile's sums of squares, and leaves the division by the RMS to the linears after it
+  // (out.scale), so no norm kernel runs between them. env DS_DEFER_NORM = 1 (default) | 0.
+  void linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x, Tensor norm_w,
+                           float eps, Tensor ss, NormedAct& out) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
   void gather_rows(Tensor x, Tensor out) override;
   void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;
@@ -95,7 +99,8 @@ class CudaOps final : public Ops {
   void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
   void sigmoid_mul(Tensor x, Tensor gate) override;
   void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) override;
-  void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out) override;
+  void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out,
+                     const RowScale& scale = {}) override;
   void concat_cols(Tensor a, Tensor b, Tensor out) override;
   bool supports_sample() const override { return true; }
   void sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) override;
@@ -124,12 +129,15 @@ class CudaOps final : public Ops {
   // tiles and a gated-norm launch. env DS_GDN_VERIFY_HEAD = 1 (default) | 0.
   bool gdn_verify_head() const;
   // The W4A16 (tiled) linear of x bf16 [T, K] into one output or the parts of a fused weight.
-  // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone.
+  // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone. out.norm: a
+  // producer's (cuda::w4a16_gemv_norms_output), or a consumer's scale, applied by scale_rows after
+  // the GEMV where its epilogue cannot (never with a swiglu output).
   void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out, const void* xb,
                     cuda::GemvGate gate);
   // A paired weight's GEMV (T within w4a16_gemv_step_tokens) into scratch rows in its paired order,
   // then launch_paired_rows: a, b bf16 [T, N/2] = gate, up, or with swiglu a = silu(gate) * up.
-  void linear_w4a16_paired_rows(const void* x, int T, int K, const LinearWeight& w, void* a, void* b, bool swiglu);
+  void linear_w4a16_paired_rows(const void* x, int T, int K, const LinearWeight& w, void* a, void* b, bool swiglu,
+                                const RowScale& scale);
   struct Impl;  // CUDA handles and device pointers (cuda_ops.cu)
   std::unique_ptr<Impl> impl_;
   CudaOpsOptions options_;

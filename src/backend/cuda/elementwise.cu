@@ -167,6 +167,17 @@ __global__ void gated_rms_norm_kernel(const bf16* x, const bf16* z, const float*
   }
 }
 
+// Block t: row t of out, its factor from the sums as the GEMV epilogues take it (GemvNorm).
+__global__ void scale_rows_kernel(bf16* out, const float* ss, int T, int N, int P, float inv_d, float eps) {
+  pdl_wait();  // launch.cuh
+  pdl_trigger();
+  const int t = blockIdx.x;
+  float sum = 0.f;
+  for (int p = 0; p < P; ++p) sum += ss[p * T + t];
+  const float r = rsqrtf(sum * inv_d + eps);
+  for (int i = threadIdx.x; i < N; i += blockDim.x) out[int64_t(t) * N + i] = to_bf16(to_f32(out[int64_t(t) * N + i]) * r);
+}
+
 __global__ void add_kernel(bf16* x, const bf16* y, int64_t n) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
@@ -388,6 +399,12 @@ void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* o
     launch_norm<NormKind::kGated>(x, z, nullptr, w, out, R, D, eps, sigmoid_gate, s);
   else launch_kernel("gated_rms_norm", gated_rms_norm_kernel, R, D >= 256 ? 128 : 64, 0, s, x, z, w, out, D, eps,
                      sigmoid_gate);
+}
+
+void launch_scale_rows(bf16* out, const float* ss, int T, int N, int P, int D, float eps, cudaStream_t s) {
+  if (T == 0 || N == 0) return;
+  launch_kernel("scale_rows", scale_rows_kernel, T, kThreads, 0, s, out, ss, T, N, P, 1.f / static_cast<float>(D),
+                eps);
 }
 
 void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t s) {

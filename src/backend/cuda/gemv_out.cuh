@@ -1,6 +1,6 @@
 // OutParts: the kernels' view of a GEMV's GemvOut (launchers.h), the output rows of a weight cut
-// into parts (a fused weight, Ops::linear_parts), and the conv1d a split-K epilogue may apply to
-// the first part. Used by the quantized GEMV (qgemv_kernel.cuh) and the small dense GEMV
+// into parts (a fused weight, Ops::linear_parts), and the deferred norm an epilogue makes or
+// applies (GemvNorm). Used by the quantized GEMV (qgemv_kernel.cuh) and the small dense GEMV
 // (small_gemv.cu).
 #pragma once
 
@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include "backend/cuda/common.cuh"
-#include "backend/cuda/conv1d.cuh"
 #include "backend/cuda/launchers.h"
 #include "core/check.h"
 
@@ -23,7 +22,48 @@ struct OutParts {
   int end[kGemvMaxParts];
   int n_parts;
   __nv_bfloat16* swiglu;
-  GemvConv conv;  // conv.out null: none
+  GemvNorm norm;  // norm.ss null: none; norm.x set: the producer's epilogue, else a consumer's scale
+
+  // A consumer's factor of the outputs of token t (GemvNorm; norm.parts <= kGemvNormMaxParts), the
+  // same t in every lane and the whole warp calling: lane l loads parts l and l + 32, then the
+  // warp's sum (in this order wherever a factor is taken).
+  __device__ __forceinline__ float row_scale(int t, int T) const { return row_factor(row_part(t, T)); }
+  // row_scale in two steps: the lane's parts (its loads), then the warp's sum of them.
+  __device__ __forceinline__ float row_part(int t, int T) const {
+    const int lane = threadIdx.x % 32;
+    const float a = lane < norm.parts ? norm.ss[lane * T + t] : 0.f;
+    const float b = lane + 32 < norm.parts ? norm.ss[(lane + 32) * T + t] : 0.f;
+    return a + b;
+  }
+  __device__ __forceinline__ float row_factor(float part) const {
+    return rsqrtf(warp_sum(part) * norm.inv_d + norm.eps);
+  }
+  // row_scale of tokens t0 .. t0 + 7 (those below T) in two steps: the lane's loads of them all
+  // (row_parts8, in flight at once), then each factor handed to take(i, factor) of token t0 + i
+  // (no array of factors: the kernels kept one in local memory); the whole warp calls both.
+  __device__ __forceinline__ void row_parts8(int t0, int T, float (&v)[8]) const {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int t = t0 + i;
+      const float a = t < T && lane < norm.parts ? norm.ss[lane * T + t] : 0.f;
+      const float b = t < T && lane + 32 < norm.parts ? norm.ss[(lane + 32) * T + t] : 0.f;
+      v[i] = a + b;
+    }
+  }
+  template <class Take>
+  __device__ __forceinline__ void row_factors8(int t0, int T, const float (&v)[8], Take&& take) const {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (t0 + i < T) take(i, row_factor(v[i]));
+  }
+  template <class Take>
+  __device__ __forceinline__ void row_scales8(int t0, int T, Take&& take) const {
+    float v[8];
+    row_parts8(t0, T, v);
+    row_factors8(t0, T, v, take);
+  }
+  __device__ __forceinline__ bool scales() const { return norm.ss && !norm.x; }
 
   __device__ __forceinline__ void store(int t, int n, float v) const {
     __nv_bfloat16* base = ptr[0];
@@ -42,20 +82,6 @@ struct OutParts {
   __device__ __forceinline__ void store_swiglu(int t, int col, float gate, float up) const {
     swiglu[int64_t(t) * (end[0] / 2) + col] = swiglu_bf16(to_f32(to_bf16(gate)), to_f32(to_bf16(up)));
   }
-  // GemvOut::conv of rows [n0, n1) of the weight, those below conv.C, by every thread of the
-  // block (a channel and sequence each), once the rows are stored in part 0 (mixed, bf16 [T, C])
-  // and visible to the block.
-  __device__ __forceinline__ void conv_rows(int n0, int n1) const {
-    const int n = min(n1, conv.C) - n0;
-    for (int i = threadIdx.x; i < n * conv.n_seqs; i += blockDim.x) {
-      const int c = n0 + i % n;
-      const ConvSeq q = conv_seq(i / n, conv.state, conv.cu_seqlens, conv.n_past, conv.slots, conv.C, conv.K);
-      if (q.T == 0) continue;
-      ConvWalk walk;
-      walk.load(conv.w, q, c, conv.C, conv.K);
-      walk.walk(ptr[0], conv.out, q, c, conv.C, conv.K);
-    }
-  }
 };
 
 // GemvOut's row counts as row ends, checked against the weight's N rows.
@@ -71,9 +97,10 @@ inline OutParts out_parts(const GemvOut& o, int N) {
   p.n_parts = o.n_parts;
   DS_ASSERT(end == N, "GEMV output parts hold %d rows, the weight %d", end, N);
   p.swiglu = o.swiglu;
-  p.conv = o.conv;
-  DS_ASSERT(!o.conv.out || (!o.swiglu && o.conv.C == o.rows[0] && o.conv.K <= kMaxShortK),
-            "a GEMV's conv output: %d channels of a first part of %d rows, width %d", o.conv.C, o.rows[0], o.conv.K);
+  p.norm = o.norm;
+  DS_ASSERT(!o.norm.x || (o.n_parts == 1 && !o.swiglu && N % 4 == 0 && o.norm.w && o.norm.ss),
+            "a GEMV's norm output: %d parts, N %d", o.n_parts, N);
+  DS_ASSERT(!o.norm.ss || o.norm.x || o.norm.parts > 0, "a GEMV's norm scale from %d parts", o.norm.parts);
   DS_ASSERT(!o.swiglu || (o.n_parts == 1 && N % 16 == 0), "a GEMV's swiglu output: %d parts, N %d", o.n_parts, N);
   return p;
 }

@@ -25,6 +25,9 @@ bool launch_add_rms_norm(bf16* x, const bf16* y, const float* w, bf16* out, int 
 // out bf16 [R, D] = w * (x / rms(x)) * act(z); act = sigmoid or silu
 void launch_gated_rms_norm(const bf16* x, const bf16* z, const float* w, bf16* out, int R, int D, float eps,
                            bool sigmoid_gate, cudaStream_t s);
+// out bf16 [T, N] *= 1 / sqrt((ss[0, t] + .. + ss[P - 1, t]) / D + eps) of each row t (ss f32
+// [P, T], summed in order: Ops::scale_rows, RowScale)
+void launch_scale_rows(bf16* out, const float* ss, int T, int N, int P, int D, float eps, cudaStream_t s);
 // x += y (n elements)
 void launch_add(bf16* x, const bf16* y, int64_t n, cudaStream_t s);
 // out = silu(gate) * up (n elements)
@@ -74,26 +77,29 @@ constexpr int kGemvMaxParts = 4;
 // weight, W4A16 launches of up to kGemvSwigluMaxTokens tokens, their one token tile): the GEMV
 // writes only bf16 [T, N / 2] = silu(gate) * up of each pair, each rounded to bf16 first.
 constexpr int kGemvSwigluMaxTokens = 8;
-// conv (Ops::linear_parts_conv1d_silu, the GDN's in_proj at decode): the first C rows of part 0
-// are also convolved (causal depthwise conv1d of width K from each sequence's conv state, then
-// SiLU, as launch_conv1d_silu) into out bf16 [T, C], and the state updated, by the epilogue of a
-// split-K launch (w4a16_gemv_fuses_conv): the last block of a tile takes its rows. The step plan's
-// sequences: cu_seqlens, n_past and slots of n_seqs, device arrays as for launch_conv1d_silu.
-struct GemvConv {
-  const float* w = nullptr;  // f32 [C, K]
-  bf16* state = nullptr;     // the layer's conv state, bf16 [slots][K - 1][C]
-  bf16* out = nullptr;
-  const int32_t* cu_seqlens = nullptr;
-  const int32_t* n_past = nullptr;
-  const int32_t* slots = nullptr;
-  int n_seqs = 0, C = 0, K = 0;
+// norm (Ops::linear_add_rms_norm and RowScale: a pre-norm whose division by the RMS is left to the
+// linears after it). Producer, x set (w4a16_gemv_norms_output): the launch's output rows, each
+// rounded to bf16, are added to the residual stream x bf16 [T, N] (as launch_add_rms_norm adds
+// them), the single part receives bf16(x * w) (w f32 [N]), and tile p of kGemvTileRows rows
+// writes the sum of its new x^2 of token t to ss[p * T + t] (ss f32 [tiles, T]). Consumer, x null
+// and ss set (W4A16 launches of w4a16_gemv_scales_output, the small GEMV; parts <=
+// kGemvNormMaxParts): each output of token t is multiplied by 1 / sqrt(S * inv_d + eps), S the
+// sum of ss[0, t] .. ss[parts - 1, t] (OutParts::row_scale's order).
+constexpr int kGemvTileRows = 128;
+constexpr int kGemvNormMaxParts = 64;  // a consumer's parts: D up to 8192
+struct GemvNorm {
+  bf16* x = nullptr;
+  const float* w = nullptr;
+  float* ss = nullptr;
+  float eps = 0.f, inv_d = 0.f;
+  int parts = 0;
 };
 struct GemvOut {
   bf16* ptr[kGemvMaxParts] = {};
   int rows[kGemvMaxParts] = {};
   int n_parts = 0;
   bf16* swiglu = nullptr;
-  GemvConv conv;  // conv.out null: none
+  GemvNorm norm;  // norm.ss null: none
 
   static GemvOut whole(bf16* out, int N) {
     GemvOut o;
@@ -157,11 +163,6 @@ void set_w4a16_gemv_x_smem(bool on);
 // may switch it.
 bool w4a16_gemv_wide();
 void set_w4a16_gemv_wide(bool on);
-// The GDN's conv1d in the epilogue of its in_proj's GEMV (w4a16_gemv_fuses_conv). Off by default
-// (env DS_W4A16_CONV=1: on): it shortens one-token steps but not 8-token ones, and verify 8 /
-// verify 1 must stay within 1.15 (docs/perf/2026-12-02-s20-cuda-27b.md).
-bool w4a16_gemv_conv();
-void set_w4a16_gemv_conv(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 128).
 int w4a16_gemv_step_tokens();
@@ -206,10 +207,12 @@ enum class GemvGate : int { kNone, kSiluMul, kMulSigmoid };
 // Whether T tokens take one launch that can gate its input (the TMA GEMV, T <= 8 and within
 // w4a16_gemv_tokens, its inputs in shared memory).
 bool w4a16_gemv_gates_input(int T, int N, int K, int group);
-// Whether T tokens take one split-K launch of the one-tile GEMV with its inputs in shared memory,
-// whose epilogue can apply a GemvOut::conv (T <= 8 within w4a16_gemv_tokens, the TMA kernel), and
-// w4a16_gemv_conv is on.
-bool w4a16_gemv_fuses_conv(int T, int N, int K, int group);
+// Whether T tokens of a W4A16 GEMV of N rows take one split-K launch of the one-tile TMA kernel,
+// whose epilogue can produce a GemvOut::norm (gated: with its input gated, w4a16_gemv_gates_input).
+bool w4a16_gemv_norms_output(int T, int N, int K, int group, bool gated);
+// Whether a W4A16 GEMV of T tokens takes one launch of the one-tile TMA kernel, whose epilogues
+// scale the outputs by a consumer's GemvOut::norm.
+bool w4a16_gemv_scales_output(int T);
 // Whether a W4A16 GEMV launch of T tokens can write a swiglu output (GemvOut: one token tile).
 bool w4a16_gemv_writes_swiglu(int T);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
@@ -217,24 +220,6 @@ bool w4a16_gemv_writes_swiglu(int T);
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
                        GemvGate gate = GemvGate::kNone);
-// The post-mixer half of a decoder layer at up to kMlpDecodeMaxTokens tokens (Ops::residual_mlp) in
-// one persistent launch (mlp_decode.cu): x bf16 [T, H] += y bf16 [T, H]; out bf16 [T, H] = down .
-// (silu(gate) * up), where [gate | up] = gate_up . rms_norm(x) * norm_w; gate_up paired and tiled
-// [2I, H], down tiled [H, I]. scratch: mlp_decode_scratch_bytes, 16-byte aligned; sync i32
-// [kMlpDecodeSyncInts], zero before the first launch and left zero by each (one stream at a
-// time). Supported on the TMA GEMV's GPUs for T up to mlp_decode_tokens() where the rings fit
-// beside the normed inputs; env DS_MLP_DECODE_TOKENS = 0 (off, the default: on the H200 it is
-// still slower than the separate kernels, docs/perf/2026-12-02-s19-cuda-27b.md) ..
-// kMlpDecodeMaxTokens; tests may set it.
-constexpr int kMlpDecodeSyncInts = 16384;
-constexpr int kMlpDecodeMaxTokens = 8;
-int mlp_decode_tokens();
-void set_mlp_decode_tokens(int n);
-bool mlp_decode_supported(int H, int I, int group_gu, int group_dn, int T);
-size_t mlp_decode_scratch_bytes(int H, int I, int group_gu, int group_dn, int T);
-void launch_mlp_decode(bf16* x, const bf16* y, const float* norm_w, float eps, const uint32_t* gate_up, int group_gu,
-                       const uint32_t* down, int group_dn, int H, int I, int T, bf16* out, void* scratch, int* sync,
-                       cudaStream_t s);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T). paired (N % 16 == 0): the
 // rows of a paired weight's blocks as the two halves, w [0, N/2) and [N/2, N).
 void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, bool paired, cudaStream_t s);
@@ -259,9 +244,10 @@ void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t
 constexpr int kSmallGemvMaxTokens = 16;
 constexpr int kSmallGemvMaxRows = 256;
 bool small_gemv_supported(const void* x, const void* w, int T, int N, int K);
-// independent: x was complete before the previous kernel began (it read x too), so the blocks
-// compute at once and wait for that kernel only before they end (programmatic dependent launch:
-// the kernels after still see everything before complete).
+// out.norm: a consumer's scale (GemvNorm). independent: x (and out.norm's sums) was complete
+// before the previous kernel began (it read x too), so the blocks compute at once and wait for
+// that kernel only before they end (programmatic dependent launch: the kernels after still see
+// everything before complete).
 void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
                        bool independent = false);
 

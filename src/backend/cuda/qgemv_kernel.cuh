@@ -40,6 +40,7 @@ namespace ds::cuda::qgemv {
 
 constexpr int kWarps = 8;                   // warps per block, one 16-row block each
 constexpr int kTileRows = 16 * kWarps;      // output rows per block
+static_assert(kTileRows == kGemvTileRows, "GemvNorm's tiles are the split-K tiles");
 constexpr int kChunk = 64;                  // input columns per chunk (4 mma k-steps)
 
 // 16 bytes read once: not kept in L1, so L1 keeps x for the other warps.
@@ -188,11 +189,34 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
 // A warp's accumulators of row block rb to out (those of tokens below T and rows below N). With
 // out.swiglu (a paired weight, one token tile) rows g and g + 8 are the gate and up of output
 // 8 rb + g.
-template <int NT>
+// Norm: a consumer's scale (out.norm) at one token tile; the whole warp calls.
+template <int NT, bool Norm = false>
 __device__ __forceinline__ void store_row_block(const float (&acc)[NT][4], const OutParts& out, int T, int N, int rb,
                                                 int lane) {
   // Accumulator i of tile nt: row rb*16 + g (+8 for i >= 2), token nt*8 + 2*q4 + (i & 1).
   const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
+  if constexpr (Norm) {  // one token tile
+    static_assert(NT == 1, "a consumer's scale at one token tile");
+    // The factors of the lane's tokens 2 q4 and 2 q4 + 1 (1 without a scale).
+    float r0 = 1.f, r1 = 1.f;
+    if (out.scales()) {
+      out.row_scales8(0, T, [&](int t, float f) {
+        if (t == 2 * q4) r0 = f;
+        if (t == 2 * q4 + 1) r1 = f;
+      });
+    }
+    if (out.swiglu) {
+      if (2 * q4 < T && row < N) out.store_swiglu(2 * q4, rb * 8 + g, acc[0][0] * r0, acc[0][2] * r0);
+      if (2 * q4 + 1 < T && row < N) out.store_swiglu(2 * q4 + 1, rb * 8 + g, acc[0][1] * r1, acc[0][3] * r1);
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int t = 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
+      if (t < T && n < N) out.store(t, n, acc[0][i] * ((i & 1) ? r1 : r0));
+    }
+    return;
+  }
   // One tile only (kGemvSwigluMaxTokens): in the 8-tile kernels the code cost registers and spills.
   if constexpr (NT == 1) {
     if (out.swiglu) {
@@ -247,10 +271,31 @@ __device__ __forceinline__ V sum_splits(const V* p, int64_t stride, int splits) 
   return s;
 }
 
+// The producer's epilogue of a GemvNorm (out.norm.x) for rows n .. n + 3 of token t (at = t N + n):
+// given their x (bf16 x 4), norm weights and split sums v, x += bf16(v) and part 0 = bf16(x * w);
+// returns the sum of the new x^2.
+__device__ __forceinline__ float norm_rows(const OutParts& out, int64_t at, uint2 xv, float4 w, float4 v) {
+  __nv_bfloat16* xb = reinterpret_cast<__nv_bfloat16*>(&xv);
+  const float y[4] = {v.x, v.y, v.z, v.w}, wv[4] = {w.x, w.y, w.z, w.w};
+  uint2 hv;
+  __nv_bfloat16* hb = reinterpret_cast<__nv_bfloat16*>(&hv);
+  float sq = 0.f;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    xb[e] = to_bf16(to_f32(xb[e]) + to_f32(to_bf16(y[e])));
+    const float xf = to_f32(xb[e]);
+    hb[e] = to_bf16(xf * wv[e]);
+    sq += xf * xf;
+  }
+  *reinterpret_cast<uint2*>(out.norm.x + at) = xv;
+  *reinterpret_cast<uint2*>(out.ptr[0] + at) = hv;
+  return sq;
+}
+
 // The block's results to out: directly without split-K, else through the partials (the last
-// block of the tile sums them). Every thread of the block calls it. Conv: the kernel may be given
-// an out.conv (qgemv_tma.cuh's one-tile kernel), applied after the tile's sums.
-template <int NT, bool Conv = false>
+// block of the tile sums them). Every thread of the block calls it. Norm: an out.norm (the
+// one-tile TMA kernels: the producer's epilogue in split-K launches, a consumer's scale in all).
+template <int NT, bool Norm = false>
 __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const OutParts& out,
                                               float* __restrict__ partial, int* __restrict__ counters, int T, int N,
                                               int rb, int lane) {
@@ -258,7 +303,7 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
   const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
   const int splits = gridDim.y, split = blockIdx.y;
   if (splits == 1) {
-    store_row_block<NT>(acc, out, T, N, rb, lane);
+    store_row_block<NT, Norm>(acc, out, T, N, rb, lane);
     return;
   }
   float* mine = partial + int64_t(split) * T * N;
@@ -277,15 +322,8 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
   __syncthreads();
   if (!is_last) return;
   const int n0 = blockIdx.x * kTileRows;
-  // The tile's rows are stored: its conv channels (out.conv), then the counter ready for the next
-  // launch.
+  // The tile's rows are stored: the counter ready for the next launch.
   auto finish = [&] {
-    if constexpr (Conv) {
-      if (out.conv.out) {
-        __syncthreads();  // every row stored and visible to the block
-        out.conv_rows(n0, n0 + kTileRows);
-      }
-    }
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;
   };
   const int64_t split_stride = int64_t(T) * N;
@@ -298,9 +336,34 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
   auto sum_of = [&](int t, int n) { return sum_splits<batch>(partial + int64_t(t) * N + n, split_stride, splits); };
   if constexpr (NT == 1) {
     if (out.swiglu) {  // a thread a pair: rows n and n + 8 of a 16-row block
+      // A consumer's scale (Norm): every loop's bound is a multiple of 32, so a warp's turn is one
+      // token's and the whole warp takes its factor.
       for (int i = threadIdx.x; i < T * kTileRows / 2; i += blockDim.x) {
         const int t = i / (kTileRows / 2), j = i % (kTileRows / 2), n = n0 + (j / 8) * 16 + j % 8;
-        if (n < N) out.store_swiglu(t, n0 / 2 + j, sum_of(t, n), sum_of(t, n + 8));
+        if constexpr (Norm) {
+          const float r = out.scales() ? out.row_scale(t, T) : 1.f;
+          if (n < N) out.store_swiglu(t, n0 / 2 + j, sum_of(t, n) * r, sum_of(t, n + 8) * r);
+        } else {
+          if (n < N) out.store_swiglu(t, n0 / 2 + j, sum_of(t, n), sum_of(t, n + 8));
+        }
+      }
+      finish();
+      return;
+    }
+    if (Norm && out.norm.x) {  // the producer of a GemvNorm (N % 4 == 0: out_parts)
+      // A warp a token: the loop's bound is a multiple of 32, so whole warps take each turn.
+      for (int i = threadIdx.x; i < T * kTileRows / 4; i += blockDim.x) {
+        const int t = i / (kTileRows / 4), n = n0 + 4 * (i % (kTileRows / 4));
+        float sq = 0.f;
+        if (n < N) {  // x and the norm weights asked for before the partials: one round trip
+          const int64_t at = int64_t(t) * N + n;
+          const uint2 xv = *reinterpret_cast<const uint2*>(out.norm.x + at);
+          const float4 w = *reinterpret_cast<const float4*>(out.norm.w + n);
+          sq = norm_rows(out, at, xv, w,
+                         sum_splits<batch>(reinterpret_cast<const float4*>(partial + at), split_stride / 4, splits));
+        }
+        sq = warp_sum(sq);
+        if (lane == 0) out.norm.ss[blockIdx.x * T + t] = sq;
       }
       finish();
       return;
@@ -308,6 +371,20 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
     if (N % 4 == 0) {
       for (int i = threadIdx.x; i < T * kTileRows / 4; i += blockDim.x) {
         const int t = i / (kTileRows / 4), n = n0 + 4 * (i % (kTileRows / 4));
+        if (Norm && out.scales()) {  // the whole warp, before any lane leaves the turn
+          const float part = out.row_part(t, T);  // asked for with the partials: one round trip
+          float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (n < N)
+            v = sum_splits<batch>(reinterpret_cast<const float4*>(partial + int64_t(t) * N + n), split_stride / 4,
+                                  splits);
+          const float r = out.row_factor(part);
+          if (n >= N) continue;
+          out.store(t, n, v.x * r);
+          out.store(t, n + 1, v.y * r);
+          out.store(t, n + 2, v.z * r);
+          out.store(t, n + 3, v.w * r);
+          continue;
+        }
         if (n >= N) continue;  // rows n .. n + 3 are all in or all out
         const float4 v = sum_splits<batch>(reinterpret_cast<const float4*>(partial + int64_t(t) * N + n),
                                            split_stride / 4, splits);
@@ -322,7 +399,12 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
   }
   for (int i = threadIdx.x; i < T * kTileRows; i += blockDim.x) {
     const int t = i / kTileRows, n = n0 + i % kTileRows;
-    if (n < N) out.store(t, n, sum_of(t, n));
+    if constexpr (Norm) {
+      const float r = out.scales() ? out.row_scale(t, T) : 1.f;
+      if (n < N) out.store(t, n, sum_of(t, n) * r);
+    } else {
+      if (n < N) out.store(t, n, sum_of(t, n));
+    }
   }
   finish();
 }

@@ -350,8 +350,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
   }
-  // out.conv: the launches with their inputs in shared memory (w4a16_gemv_fuses_conv).
-  store_results<NT, NT == 1 && XSmem>(acc, out, partial, counters, T, N, blockIdx.x * warps + warp, lane);
+  // out.norm: every one-tile launch (w4a16_gemv_norms_output, w4a16_gemv_scales_output).
+  store_results<NT, NT == 1>(acc, out, partial, counters, T, N, blockIdx.x * warps + warp, lane);
 }
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static

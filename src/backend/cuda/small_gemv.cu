@@ -37,6 +37,13 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
     pdl_wait();  // launch.cuh
     pdl_trigger();
   }
+  // A deferred norm of x (out.norm): warp 0 asks for its sums now and takes the factors at the end.
+  constexpr int kScaleBatches = (MaxT + 7) / 8;
+  float parts[kScaleBatches][8];
+  const bool scaled = out.scales() && warp == 0;
+  if (scaled)
+#pragma unroll
+    for (int b = 0; b < kScaleBatches; ++b) out.row_parts8(8 * b, T, parts[b]);
   float acc[MaxT];
 #pragma unroll
   for (int t = 0; t < MaxT; ++t) acc[t] = 0.f;
@@ -77,11 +84,20 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
     if (lane == 0) red[warp][t] = v;
   }
   __syncthreads();
-  if (threadIdx.x < T) {
-    float v = 0.f;
+  if (warp == 0) {
+    float r = 1.f;  // lane t's factor, of token t
+    if (scaled)
 #pragma unroll
-    for (int i = 0; i < kThreads / 32; ++i) v += red[i][threadIdx.x];
-    out.store(threadIdx.x, n, v);
+      for (int b = 0; b < kScaleBatches; ++b)
+        out.row_factors8(8 * b, T, parts[b], [&](int i, float f) {
+          if (lane == 8 * b + i) r = f;
+        });
+    if (lane < T) {
+      float v = 0.f;
+#pragma unroll
+      for (int i = 0; i < kThreads / 32; ++i) v += red[i][lane];
+      out.store(lane, n, v * r);
+    }
   }
   // The grid must not end before the previous kernel: the kernel after waits for this one only.
   if constexpr (Independent) pdl_wait();

@@ -188,7 +188,6 @@ int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
 bool g_wide = env_flag("DS_W4A16_WIDE", true);
-bool g_conv = env_flag("DS_W4A16_CONV", false);
 
 // -1: the default of w4a16_gemv_tokens.
 int g_tokens = [] {
@@ -323,8 +322,6 @@ bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
 bool w4a16_gemv_wide() { return g_wide; }
 void set_w4a16_gemv_wide(bool on) { g_wide = on; }
-bool w4a16_gemv_conv() { return g_conv; }
-void set_w4a16_gemv_conv(bool on) { g_conv = on; }
 
 int w4a16_gemv_splits(int T, int N, int K) {
   if (takes_wide(T)) {  // partial [splits, T, N] must hold the wide kernel's partials
@@ -343,7 +340,7 @@ bool w4a16_gemv_writes_swiglu(int T) { return T <= kGemvSwigluMaxTokens && !take
 
 namespace {
 // Whether T tokens take one launch of the TMA GEMV's one token tile that stages its inputs (gated
-// or not) in shared memory: what gating the input and the conv epilogue need.
+// or not) in shared memory: what gating the input needs.
 bool stages_inputs(int T, int K, int group, int splits, bool gated) {
   return T >= 1 && T <= 8 && T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && g_x_smem &&
          w4a16_tiled_supports(K, group) && qgemv::tma_x_smem_fits(1, T, K, splits, UnitShape(group).bytes, gated);
@@ -354,10 +351,12 @@ bool w4a16_gemv_gates_input(int T, int N, int K, int group) {
   return T >= 1 && T <= 8 && stages_inputs(T, K, group, w4a16_gemv_splits(T, N, K), true);
 }
 
-bool w4a16_gemv_fuses_conv(int T, int N, int K, int group) {
-  if (!g_conv || T < 1 || T > 8) return false;
+bool w4a16_gemv_scales_output(int T) { return T >= 1 && T <= 8 && T <= w4a16_gemv_tokens() && w4a16_gemv_tma(); }
+
+bool w4a16_gemv_norms_output(int T, int N, int K, int group, bool gated) {
+  if (!w4a16_gemv_scales_output(T) || N % 4 != 0 || !w4a16_tiled_supports(K, group)) return false;
   const int splits = w4a16_gemv_splits(T, N, K);
-  return splits > 1 && stages_inputs(T, K, group, splits, false);
+  return splits > 1 && (!gated || stages_inputs(T, K, group, splits, true));
 }
 
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
@@ -372,9 +371,11 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   DS_ASSERT(gate == GemvGate::kNone || (xb && w4a16_gemv_tma()),
             "W4A16 GEMV: a gated input needs its second input and the TMA kernel (T %d, N %d, K %d)", T, N, K);
   DS_ASSERT(!out.swiglu || w4a16_gemv_writes_swiglu(T), "W4A16 GEMV: a swiglu output at %d tokens a launch", T);
-  DS_ASSERT(!out.conv.out || (splits > 1 && w4a16_gemv_fuses_conv(T, N, K, group)),
-            "W4A16 GEMV: a conv output needs one split-K launch with its inputs in shared memory (T %d, splits %d)", T,
-            splits);
+  DS_ASSERT(!out.norm.x || (splits > 1 && splits == w4a16_gemv_splits(T, N, K) &&
+                            w4a16_gemv_norms_output(T, N, K, group, gate != GemvGate::kNone)),
+            "W4A16 GEMV: a norm output needs one split-K launch of the one-tile kernel (T %d, splits %d)", T, splits);
+  DS_ASSERT(!out.norm.ss || out.norm.x || w4a16_gemv_scales_output(T),
+            "W4A16 GEMV: a norm scale needs one launch of the one-tile kernel (T %d)", T);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
   if (takes_wide(T)) {
