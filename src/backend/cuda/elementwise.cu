@@ -167,7 +167,8 @@ __global__ void gated_rms_norm_kernel(const bf16* x, const bf16* z, const float*
   }
 }
 
-// Block t: row t of out, its factor from the sums as the GEMV epilogues take it (GemvNorm).
+// Block t: row t of out, its factor from the sums added in order p = 0, 1, .. (the GEMV epilogues'
+// order, OutParts::row_scale, differs in the last bits).
 __global__ void scale_rows_kernel(bf16* out, const float* ss, int T, int N, int P, float inv_d, float eps) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
@@ -175,7 +176,8 @@ __global__ void scale_rows_kernel(bf16* out, const float* ss, int T, int N, int 
   float sum = 0.f;
   for (int p = 0; p < P; ++p) sum += ss[p * T + t];
   const float r = rsqrtf(sum * inv_d + eps);
-  for (int i = threadIdx.x; i < N; i += blockDim.x) out[int64_t(t) * N + i] = to_bf16(to_f32(out[int64_t(t) * N + i]) * r);
+  bf16* row = out + int64_t(t) * N;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) row[i] = to_bf16(to_f32(row[i]) * r);
 }
 
 __global__ void add_kernel(bf16* x, const bf16* y, int64_t n) {
