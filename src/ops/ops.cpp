@@ -57,15 +57,18 @@ void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> 
   }
 }
 
-void Ops::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
-  Tensor x = a;  // sigmoid_mul gates in place
-  if (act == GateAct::kSiluMul) {
-    x = scratch(a.dtype, {a.dim(0), a.dim(1)});
-    silu_mul(a, b, x);
-  } else {
-    sigmoid_mul(a, b);
+Tensor Ops::gated_input(Tensor a, Tensor b, GateAct act) {
+  if (act == GateAct::kMulSigmoid) {
+    sigmoid_mul(a, b);  // in place
+    return a;
   }
-  linear_weight(x, w, out);
+  Tensor x = scratch(a.dtype, {a.dim(0), a.dim(1)});
+  silu_mul(a, b, x);
+  return x;
+}
+
+void Ops::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
+  linear_weight(gated_input(a, b, act), w, out);
 }
 
 void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out, const RowScale& scale) {

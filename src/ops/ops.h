@@ -251,6 +251,9 @@ class Ops {
   }
 
  protected:
+  // act(a, b) of a gated linear's input (GateAct): silu(a) * b into new scratch, or a * sigmoid(b)
+  // in place in a (then returned).
+  Tensor gated_input(Tensor a, Tensor b, GateAct act);
   // Checks linear_parts' outs against x and w: each [T, N_i], the N_i summing to w's rows.
   static void check_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs);
 };

@@ -668,11 +668,8 @@ void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const 
   if (b && cuda::w4a16_gemv_norms_output(T, D, K, w.group_size, true)) {
     xb = B(*b);
     gate = act == GateAct::kSiluMul ? cuda::GemvGate::kSiluMul : cuda::GemvGate::kMulSigmoid;
-  } else if (b && act == GateAct::kSiluMul) {
-    in = scratch(DType::kBF16, {T, K});
-    silu_mul(a, *b, in);
   } else if (b) {
-    sigmoid_mul(a, *b);
+    in = gated_input(a, *b, act);
   }
   cuda::GemvOut o = cuda::GemvOut::whole(B(out.h), D);
   o.norm.x = B(x);

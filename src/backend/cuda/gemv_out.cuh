@@ -28,11 +28,11 @@ struct OutParts {
   // same t in every lane and the whole warp calling: lane l loads parts l and l + 32, then the
   // warp's sum (in this order wherever a factor is taken).
   __device__ __forceinline__ float row_scale(int t, int T) const { return row_factor(row_part(t, T)); }
-  // row_scale in two steps: the lane's parts (its loads), then the warp's sum of them.
-  __device__ __forceinline__ float row_part(int t, int T) const {
+  // row_scale in two steps: the lane's parts (its loads; 0 unless `on`), then the warp's sum.
+  __device__ __forceinline__ float row_part(int t, int T, bool on = true) const {
     const int lane = threadIdx.x % 32;
-    const float a = lane < norm.parts ? norm.ss[lane * T + t] : 0.f;
-    const float b = lane + 32 < norm.parts ? norm.ss[(lane + 32) * T + t] : 0.f;
+    const float a = on && lane < norm.parts ? norm.ss[lane * T + t] : 0.f;
+    const float b = on && lane + 32 < norm.parts ? norm.ss[(lane + 32) * T + t] : 0.f;
     return a + b;
   }
   __device__ __forceinline__ float row_factor(float part) const {
@@ -42,14 +42,8 @@ struct OutParts {
   // (row_parts8, in flight at once), then each factor handed to take(i, factor) of token t0 + i
   // (no array of factors: the kernels kept one in local memory); the whole warp calls both.
   __device__ __forceinline__ void row_parts8(int t0, int T, float (&v)[8]) const {
-    const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int t = t0 + i;
-      const float a = t < T && lane < norm.parts ? norm.ss[lane * T + t] : 0.f;
-      const float b = t < T && lane + 32 < norm.parts ? norm.ss[(lane + 32) * T + t] : 0.f;
-      v[i] = a + b;
-    }
+    for (int i = 0; i < 8; ++i) v[i] = row_part(t0 + i, T, t0 + i < T);
   }
   template <class Take>
   __device__ __forceinline__ void row_factors8(int t0, int T, const float (&v)[8], Take&& take) const {
