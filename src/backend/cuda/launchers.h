@@ -256,7 +256,7 @@ void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, 
 // seq_of_token i32 [T]; cu_seqlens i32 [n_seqs+1]; n_past, slots i32 [n_seqs]. max_chunk: the
 // most tokens of one sequence; up to kConvShortChunk take the one-kernel path.
 constexpr int kConvShortChunk = 16;
-constexpr int kConvMaxShortK = 8;  // conv widths the one-kernel path (and a GEMV's conv) holds in registers
+constexpr int kConvMaxShortK = 8;  // conv widths the one-kernel path holds in registers
 void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* out, const int32_t* seq_of_token,
                         const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int T, int n_seqs,
                         int C, int K, int max_chunk, cudaStream_t s);
