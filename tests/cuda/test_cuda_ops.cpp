@@ -273,13 +273,14 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     // ops), the fourth to sixth through gdn_gates_delta_rule_norm (on CUDA the decode steps, a token
     // a sequence, take the kernel of a CTA a head, which also normalises; the verify step the two
     // ops). The next two have 9 sequences (6 of them new), which take the kernel of a CTA a head (8
-    // or more sequences), the second with verify blocks of up to 16 tokens. The last two are
-    // verify steps of 2 and 1 sequences (up to 8 tokens) through gdn_gates_delta_rule_norm, which
-    // on CUDA take the kernel of a CTA a head with its norm and 4 parts of a column's rows
-    // (gdn_verify_head).
+    // or more sequences), the second with verify blocks of up to 16 tokens. Then two verify steps
+    // of 2 and 1 sequences (up to 8 tokens) through gdn_gates_delta_rule_norm, which on CUDA take
+    // the kernel of a CTA a head with its norm and 4 parts of a column's rows (gdn_verify_head),
+    // the second continuing the first's state; last a decode step with the norm that reads the
+    // states they wrote.
     const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {1, 1, 1}, {8, 8, 8},
                                                  {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 16, 1, 2, 5, 2, 2, 8, 3},
-                                                 {8, 3}, {5}};
+                                                 {8, 3}, {5}, {1, 1}};
     auto norm_w = both(random_bf16(dv, rng, 0.5f), {dv}, true);
     for (size_t step = 0; step < steps.size(); ++step) {
       const std::vector<int>& lens = steps[step];
