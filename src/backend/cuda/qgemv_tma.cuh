@@ -53,10 +53,9 @@ inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
 // the H200, 17 warps a block (one an SM) 6.16-6.17, 4 warps 6.43 (docs/perf/
 // 2026-12-02-s17-cuda-27b.md); 6 warps 6.04-6.09, 8 warps (272 blocks: 8 past two an SM) 7.18-7.20,
 // 12 warps (182 blocks, one an SM) 6.96-6.99 (docs/perf/2026-12-02-s18-cuda-27b.md).
-// 2-8 tokens: 9 as well, each warp with 3 stages (59 KB a block): verify 8 at 4k 6.89 against
-// 7.07 ms with one-warp blocks, C8 7.37-7.40 against 7.59-7.63; 6 warps within 0.05 (H200,
-// docs/perf/2026-12-02-s18-cuda-27b.md). More token tiles (without the wide kernel): one-warp
-// blocks.
+// 2-8 tokens: 9 as well (verify 8 at 4k 6.89 against 7.07 ms with one-warp blocks, C8 7.37-7.40
+// against 7.59-7.63; 6 warps within 0.05: H200, docs/perf/2026-12-02-s18-cuda-27b.md), each warp
+// with kNarrowStagesTokens stages. More token tiles (without the wide kernel): one-warp blocks.
 // env DS_W4A16_NARROW_WARPS = 1 .. kNarrowMaxWarps sets the one-tile launches' warps.
 constexpr int kNarrowWarpsOneToken = 9;
 constexpr int kNarrowWarpsTokens = 9;
@@ -83,13 +82,16 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // The blocks of unsplit launches at one token tile take one-unit stages, their inputs loaded a
 // stage ahead: at one token 5 a warp instead of 2 x 2 units (measured with one-warp blocks, 17 an
 // SM of 11.9 KB with the system's 1 KiB each keeping 185 KB in flight, not 148: docs/perf/
-// 2026-12-01-s10-cuda-27b.md; now 9 warps a block, tma_narrow_warps); at 2-8 tokens 3, so that with
-// the carveout of narrow_carveout their 17 warps an SM took 132 KB and left 124 KB of L1 for the
-// 20-80 KB of inputs every warp reads, not 28 (one-warp blocks then: verify 8 7.64 against 7.76
-// ms, C4 7.23 against 7.33 on the H200; 3 stages at one token were 0.05 ms slower at C1: docs/
-// perf/2026-12-01-s14-cuda-27b.md; now 2 blocks of 9 warps an SM, 120 KB).
+// 2026-12-01-s10-cuda-27b.md; now 9 warps a block, tma_narrow_warps); at 2-8 tokens fewer, so that
+// with the carveout of narrow_carveout the L1 keeps room for the 20-80 KB of inputs every warp
+// reads (one-warp blocks, 3 stages against 4: verify 8 7.64 against 7.76 ms, C4 7.23 against 7.33
+// on the H200; 3 stages at one token were 0.05 ms slower at C1: docs/perf/
+// 2026-12-01-s14-cuda-27b.md). With 2 blocks of 9 warps an SM, 2 stages (80 KB of rings an SM)
+// beat 3 (120 KB): verify 8 6.67 against 6.74-6.76 ms, verify 4 6.12 against 6.20-6.22, C8
+// 7.04-7.08 against 7.12-7.14, one token unchanged; 4 stages lost 0.2 ms at verify 8 and one
+// stage 0.06-0.13 at verify 2 and 4 (H200, docs/perf/2026-12-02-s25-cuda-27b.md).
 constexpr int kNarrowStages = 5;
-constexpr int kNarrowStagesTokens = 3;
+constexpr int kNarrowStagesTokens = 2;
 // Units of weights a warp of a block of several warps asks for before pdl_wait (one stage of 2
 // units, or 2 of one); the rest of its ring after the block's inputs are staged (or right after
 // pdl_wait when the inputs come through L1). The whole ring before the wait put the inputs' loads
