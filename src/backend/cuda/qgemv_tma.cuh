@@ -88,8 +88,8 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // on the H200; 3 stages at one token were 0.05 ms slower at C1: docs/perf/
 // 2026-12-01-s14-cuda-27b.md). With 2 blocks of 9 warps an SM, 2 stages (80 KB of rings an SM)
 // beat 3 (120 KB): verify 8 6.67 against 6.74-6.76 ms, verify 4 6.12 against 6.20-6.22, C8
-// 7.04-7.08 against 7.12-7.14, one token unchanged; 4 stages lost 0.2 ms at verify 8 and one
-// stage 0.06-0.13 at verify 2 and 4 (H200, docs/perf/2026-12-02-s25-cuda-27b.md).
+// 7.04-7.08 against 7.12-7.14, one token unchanged; 4 stages lost 0.2 ms at verify 8, and one
+// stage 0.13-0.14 against 2 at verify 2 and 4 (H200, docs/perf/2026-12-02-s25-cuda-27b.md).
 constexpr int kNarrowStages = 5;
 constexpr int kNarrowStagesTokens = 2;
 // Units of weights a warp of a block of several warps asks for before pdl_wait (one stage of 2
