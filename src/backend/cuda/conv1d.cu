@@ -20,8 +20,7 @@ namespace {
 // The one-thread walk of one (sequence, channel) at decode and verify: the window [conv state;
 // the sequence's tokens] in registers, the products summed in order j = 0 .. K - 1, then the last
 // K - 1 rows stored as the new state.
-constexpr int kMaxShortK = kConvMaxShortK;
-
+//
 // Sequence s of a step: its new tokens [t0, t0 + T) and its conv state, R = K - 1 rows in slot
 // slots[s] (read as zeros for a fresh sequence, n_past 0).
 struct ConvSeq {
@@ -39,11 +38,11 @@ __device__ __forceinline__ ConvSeq conv_seq(int s, bf16* state, const int32_t* c
 // kernel of the step before writes; walk() the tokens' rows of mixed (bf16 [*, C]) in order into
 // out (silu of the sum), then the new state.
 struct ConvWalk {
-  float wk[kMaxShortK], win[kMaxShortK];
+  float wk[kConvMaxShortK], win[kConvMaxShortK];
 
   __device__ __forceinline__ void load(const float* w, const ConvSeq& q, int c, int C, int K) {
 #pragma unroll
-    for (int j = 0; j < kMaxShortK; ++j) {
+    for (int j = 0; j < kConvMaxShortK; ++j) {
       wk[j] = j < K ? w[int64_t(c) * K + j] : 0.f;
       win[j] = j < q.R && !q.fresh ? to_f32(q.state[int64_t(j) * C + c]) : 0.f;
     }
@@ -51,19 +50,19 @@ struct ConvWalk {
   __device__ __forceinline__ void walk(const bf16* mixed, bf16* out, const ConvSeq& q, int c, int C, int K) {
     for (int t = q.t0; t < q.t0 + q.T; ++t) {
 #pragma unroll
-      for (int j = 0; j < kMaxShortK; ++j)
+      for (int j = 0; j < kConvMaxShortK; ++j)
         if (j == q.R) win[j] = to_f32(mixed[int64_t(t) * C + c]);
       float acc = 0.f;
 #pragma unroll
-      for (int j = 0; j < kMaxShortK; ++j)
+      for (int j = 0; j < kConvMaxShortK; ++j)
         if (j < K) acc += wk[j] * win[j];
       out[int64_t(t) * C + c] = to_bf16(silu_f(acc));
 #pragma unroll
-      for (int j = 0; j + 1 < kMaxShortK; ++j)
+      for (int j = 0; j + 1 < kConvMaxShortK; ++j)
         if (j < q.R) win[j] = win[j + 1];
     }
 #pragma unroll
-    for (int j = 0; j < kMaxShortK; ++j)
+    for (int j = 0; j < kConvMaxShortK; ++j)
       if (j < q.R) q.state[int64_t(j) * C + c] = to_bf16(win[j]);
   }
 };
@@ -139,10 +138,10 @@ __global__ void conv1d_tokens_kernel(const bf16* mixed, const float* w, bf16* st
   const int c = blockIdx.y * kConvChannelsPerBlock + threadIdx.x, t = threadIdx.y;
   const ConvSeq q = conv_seq(blockIdx.x, state, cu_seqlens, n_past, slots, C, K);
   const bool active = c < C && t < q.T, writes_state = c < C && q.T > 0 && t < q.R;
-  float wk[kMaxShortK], win[kMaxShortK];
+  float wk[kConvMaxShortK], win[kConvMaxShortK];
   float next = 0.f;  // new state row t
 #pragma unroll
-  for (int j = 0; j < kMaxShortK; ++j) {
+  for (int j = 0; j < kConvMaxShortK; ++j) {
     wk[j] = active && j < K ? w[int64_t(c) * K + j] : 0.f;
     win[j] = active && j < K && t + j < q.R && !q.fresh ? to_f32(q.state[int64_t(t + j) * C + c]) : 0.f;
   }
@@ -150,12 +149,12 @@ __global__ void conv1d_tokens_kernel(const bf16* mixed, const float* w, bf16* st
   pdl_wait();  // launch.cuh: mixed comes from the kernels before
   pdl_trigger();
 #pragma unroll
-  for (int j = 0; j < kMaxShortK; ++j)
+  for (int j = 0; j < kConvMaxShortK; ++j)
     if (active && j < K && t + j >= q.R) win[j] = to_f32(mixed[int64_t(q.t0 + t + j - q.R) * C + c]);
   if (writes_state && q.T + t >= q.R) next = to_f32(mixed[int64_t(q.t0 + q.T + t - q.R) * C + c]);
   float acc = 0.f;
 #pragma unroll
-  for (int j = 0; j < kMaxShortK; ++j)
+  for (int j = 0; j < kConvMaxShortK; ++j)
     if (j < K) acc += wk[j] * win[j];
   if (active) out[int64_t(q.t0 + t) * C + c] = to_bf16(silu_f(acc));
   __syncthreads();  // every read of the old state is done
@@ -170,7 +169,7 @@ void launch_conv1d_silu(const bf16* mixed, const float* w, bf16* state, bf16* ou
   if (T == 0) return;
   const int threads = 128;
   const int cblocks = (C + threads - 1) / threads;
-  if (max_chunk <= kConvShortChunk && K <= kMaxShortK) {
+  if (max_chunk <= kConvShortChunk && K <= kConvMaxShortK) {
     if (max_chunk == 1) {
       launch_kernel("conv1d_short", conv1d_short_kernel, dim3(n_seqs, cblocks), threads, 0, s, mixed, w, state, out,
                     cu_seqlens, n_past, slots, C, K);
