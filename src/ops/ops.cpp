@@ -8,9 +8,9 @@ namespace {
 
 // N of a weight [N, K] in whichever form it is stored.
 int64_t rows_of(const LinearWeight& w) {
-  return !w.quantized()                          ? w.dense.dim(0)
-         : w.format == WeightFormat::kW4A16Tiled ? w.rows
-                                                 : w.packed.dim(0);
+  return !w.quantized()                   ? w.dense.dim(0)
+         : w.format == WeightFormat::kW4A16 ? w.packed.dim(0)
+                                            : w.rows;
 }
 
 }  // namespace

@@ -28,9 +28,11 @@ struct GdnShape {
 //  kW4A16Tiled the same values repacked at load for the CUDA GEMV (CudaOps::prepare_weight;
 //              backend/cuda/w4a16.cu documents the layout): `packed` holds the codes and the
 //              scales, `scales` is empty; `rows` = N.
-//  kInt8       `packed` i8 [N, K] row-major, `scales` f32 [N, K/group_size], group_size 128,
-//              symmetric: scale = max|w| / 127, q = round(w / scale) (ops/int8_rows.h).
-enum class WeightFormat : uint8_t { kW4A16, kW4A16Tiled, kInt8 };
+//  kInt8Tiled  int8 group-128 rows, symmetric: scale = max|w| / 127, q = round(w / scale)
+//              (ops/int8_rows.h), quantised at load for the CUDA GEMV in its tile layout
+//              (CudaOps::prepare_weight; backend/cuda/qgemv_kernel.cuh documents it): `packed` i8
+//              and `scales` f32 of whole 16-row blocks, group_size 128, `rows` = N.
+enum class WeightFormat : uint8_t { kW4A16, kW4A16Tiled, kInt8Tiled };
 
 struct LinearWeight {
   Tensor dense;  // act [N, K]
@@ -38,7 +40,7 @@ struct LinearWeight {
   Tensor scales;
   int group_size = 0;  // > 0: quantized
   WeightFormat format = WeightFormat::kW4A16;
-  int64_t rows = 0;  // N of the kW4A16Tiled form (its tensors are padded to 16-row blocks)
+  int64_t rows = 0;  // N of the tiled forms (their tensors are padded to 16-row blocks)
   // kW4A16Tiled of a kGateUp weight [2I, K] (I % 8 == 0): 16-row block b holds rows [8b, 8b + 8)
   // of the first half, then the same rows of the second, so a GEMV lane holds the gate and up
   // values of one output (CudaOps::linear_swiglu).
@@ -121,11 +123,11 @@ class Ops {
 
   // Called by the weight loader once per weight whose values are final; the backend may convert
   // it into its own storage. CUDA: kW4A16 -> kW4A16Tiled; a dense embedding table or lm_head ->
-  // kInt8 (CudaOpsOptions::int8_vocab). CPU: with int8 vocab tables on, the same quantisation
+  // kInt8Tiled (CudaOpsOptions::int8_vocab). CPU: with int8 vocab tables on, the same quantisation
   // applied in place to the fp32 values (the twin of the CUDA kernels).
   virtual void prepare_weight(LinearWeight& w, WeightRole role) {}
 
-  // out act [T, H] = table[plan.token_ids]; table [V, H] dense or kInt8 (dequantised on gather)
+  // out act [T, H] = table[plan.token_ids]; table [V, H] dense or kInt8Tiled (dequantised on gather)
   virtual void embedding(const LinearWeight& table, Tensor out) = 0;
   // out act [R, D] = x / rms(x) * w; x act [R, D]; w f32 [D] (zero-centred norms pre-add 1 at load)
   virtual void rms_norm(Tensor x, Tensor w, float eps, Tensor out) = 0;

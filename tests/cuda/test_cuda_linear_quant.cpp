@@ -509,7 +509,7 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
     wg.dense = gpu->upload(table.data(), DType::kF32, {V, H}, DType::kBF16);
     cpu.prepare_weight(wc, WeightRole::kLmHead);  // fp32 values become q * scale in place
     gpu->prepare_weight(wg, WeightRole::kLmHead);
-    ASSERT_EQ(wg.format, WeightFormat::kInt8);
+    ASSERT_EQ(wg.format, WeightFormat::kInt8Tiled);
     ASSERT_TRUE(wg.quantized() && !wc.quantized());
 
     // Gather: bit-exact against bf16(q * scale) of the host quantisation.
@@ -731,7 +731,7 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
   head.dense = gpu->alloc(DType::kBF16, {V, H});
   gpu->fill_random(head.dense, 0.f, 0.05f, 400);
   gpu->prepare_weight(head, WeightRole::kLmHead);
-  ASSERT_EQ(head.format, WeightFormat::kInt8);
+  ASSERT_EQ(head.format, WeightFormat::kInt8Tiled);
   const double bytes = double(V) * H + double(V) * (H / 128) * 4;
   const GemvSettingsRestored restore;  // PDL, switched below
   for (bool pdl : {false, true})

@@ -246,15 +246,17 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
   expect_bf16(w.dense, "vocabulary table");
   const int64_t V = w.dense.dim(0);
   const int H = static_cast<int>(w.dense.dim(1));
-  Tensor q = alloc(DType::kI8, {V, H});
-  Tensor scales = alloc(DType::kF32, {V, H / 128});
+  const int64_t padded = cuda::int8_tiled_rows(V);
+  Tensor q = alloc(DType::kI8, {padded, H});  // tiled: whole 16-row blocks (qgemv_kernel.cuh Int8Tiled)
+  Tensor scales = alloc(DType::kF32, {padded, H / 128});
   cuda::launch_int8_quantize_rows(B(w.dense), static_cast<int8_t*>(q.data), F(scales), V, H, impl_->stream);
   free_weight(w.dense);
   w = LinearWeight{};
   w.packed = q;
   w.scales = scales;
   w.group_size = 128;
-  w.format = WeightFormat::kInt8;
+  w.format = WeightFormat::kInt8Tiled;
+  w.rows = V;
 }
 
 void CudaOps::download_f32(Tensor src, float* host) {
@@ -381,7 +383,7 @@ std::vector<Tensor> CudaOps::run_step(const std::function<std::vector<Tensor>()>
 void CudaOps::embedding(const LinearWeight& table, Tensor out) {
   expect_bf16(out, "embedding out");
   if (table.quantized()) {
-    DS_ASSERT(table.format == WeightFormat::kInt8, "quantized embedding tables are int8 rows");
+    DS_ASSERT(table.format == WeightFormat::kInt8Tiled, "quantized embedding tables are tiled int8 rows");
     cuda::launch_int8_embedding(static_cast<const int8_t*>(table.packed.data), F(table.scales), impl_->ids, B(out),
                                 plan_.n_tokens(), static_cast<int>(table.packed.dim(1)), impl_->stream);
     return;
@@ -423,7 +425,7 @@ void CudaOps::gemm(const void* x, const void* w, void* out, int T, int N, int K,
 void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
   expect_bf16(x, "linear x");
   expect_bf16(out, "linear out");
-  if (w.format == WeightFormat::kInt8) {
+  if (w.format == WeightFormat::kInt8Tiled) {
     linear_int8(x, w, out);
     return;
   }
@@ -592,7 +594,7 @@ int CudaOps::dequant_block_rows(int N, int K) const {
 }
 
 void CudaOps::linear_int8(Tensor x, const LinearWeight& w, Tensor out) {
-  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.packed.dim(0));
+  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.rows);
   DS_ASSERT(w.packed.dim(1) == K && out.numel() == int64_t(T) * N, "int8 linear shapes x%s q%s out%s",
             x.shape_str().c_str(), w.packed.shape_str().c_str(), out.shape_str().c_str());
   if (T == 0) return;

@@ -1,7 +1,11 @@
-// Int8 group-128 vocabulary tables (embedding and lm_head), quantised at load from bf16:
-// q i8 [V, H] row-major and f32 scales [V, H/128], exactly as ops/int8_rows.h defines them.
-// The lm_head runs the tensor-core GEMV of qgemv_kernel.cuh for up to 64 rows, and larger
-// batches dequantise blocks of rows to bf16 for cuBLAS; the embedding dequantises on gather.
+// Int8 group-128 vocabulary tables (embedding and lm_head), quantised at load from bf16 with the
+// values of ops/int8_rows.h and stored in the tile layout of the GEMV (int8_tile_offset below),
+// so that each warp of the GEMV reads its 16 rows as one contiguous stream: 1,024-byte chunks of
+// 16 rows x 64 columns, one after the other along K, instead of 16 rows 5 KB apart (the 27B
+// lm_head at one token read in this order: 367.6 against 389.3 us a launch in place on the
+// H200, docs/perf/2026-12-03-s27-cuda-27b.md). The lm_head runs the tensor-core GEMV of
+// qgemv_kernel.cuh for up to 64 rows, and larger batches dequantise blocks of rows to bf16 for
+// cuBLAS; the embedding dequantises on gather.
 #include <algorithm>
 
 #include "backend/cuda/common.cuh"
@@ -15,39 +19,54 @@ namespace ds::cuda {
 
 namespace {
 
-using qgemv::Int8Rows;
+using qgemv::Int8Tiled;
 constexpr int kChunksInFlight = 2;  // 2 KB of weights per warp in flight
 
-// One warp per (row, group of 128): lane l quantises columns 4l .. 4l + 3.
-__global__ void int8_quantize_rows_kernel(const bf16* w, int8_t* q, float* scales, int64_t n_groups_total) {
+using qgemv::int8_scale_index;
+using qgemv::int8_tile_offset;
+
+// One warp per (row, group of 128): lane l quantises columns 4l .. 4l + 3 (4 bytes of one lane's
+// 16 in the tile layout). Rows past `rows` up to the padded row blocks are left as they are (zero).
+__global__ void int8_quantize_rows_kernel(const bf16* w, int8_t* q, float* scales, int64_t n_groups_total, int H) {
   const int lane = threadIdx.x % 32;
+  const int groups = H / 128;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32; i < n_groups_total; i += warps) {
-    const int64_t base = i * 128 + 4 * lane;  // groups tile each row, so group i starts at 128 i
+    const int64_t r = i / groups;
+    const int k = static_cast<int>(i % groups) * 128 + 4 * lane;
     float v[4], m = 0.f;
     for (int e = 0; e < 4; ++e) {
-      v[e] = to_f32(w[base + e]);
+      v[e] = to_f32(w[r * H + k + e]);
       m = fmaxf(m, fabsf(v[e]));
     }
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     const float scale = m / 127.f;
     uint32_t packed = 0;
     for (int e = 0; e < 4; ++e) {
-      const float r = m > 0.f ? fminf(fmaxf(rintf(v[e] / scale), -127.f), 127.f) : 0.f;
-      packed |= (static_cast<uint32_t>(static_cast<int>(r)) & 0xFFu) << (8 * e);
+      const float rq = m > 0.f ? fminf(fmaxf(rintf(v[e] / scale), -127.f), 127.f) : 0.f;
+      packed |= (static_cast<uint32_t>(static_cast<int>(rq)) & 0xFFu) << (8 * e);
     }
-    reinterpret_cast<uint32_t*>(q)[base / 4] = packed;
-    if (lane == 0) scales[i] = scale;
+    *reinterpret_cast<uint32_t*>(q + int8_tile_offset(r, k, H)) = packed;
+    if (lane == 0) scales[int8_scale_index(r, k, H)] = scale;
   }
+}
+
+// Columns k .. k + 3 of row r (k % 4 == 0), dequantised to f32.
+__device__ __forceinline__ void int8_dequant4(const int8_t* q, const float* scales, int64_t r, int k, int H,
+                                              float (&out)[4]) {
+  const uint32_t v = *reinterpret_cast<const uint32_t*>(q + int8_tile_offset(r, k, H));
+  const float s = scales[int8_scale_index(r, k, H)];
+  for (int m = 0; m < 4; ++m) out[m] = static_cast<float>(static_cast<int8_t>(v >> (8 * m))) * s;
 }
 
 // Rows [row0, row0 + rows) of the table -> bf16 [rows, H]; one thread per 4 columns.
 __global__ void int8_dequant_rows_kernel(const int8_t* q, const float* scales, bf16* w, int64_t row0, int64_t n4, int H) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t e = 4 * i, r = e / H, k = e % H;
-    const uint32_t v = reinterpret_cast<const uint32_t*>(q + (row0 + r) * H)[k / 4];
-    const float s = scales[(row0 + r) * (H / 128) + k / 128];
-    for (int m = 0; m < 4; ++m) w[e + m] = to_bf16(static_cast<float>(static_cast<int8_t>(v >> (8 * m))) * s);
+    const int64_t e = 4 * i, r = e / H;
+    const int k = static_cast<int>(e % H);
+    float v[4];
+    int8_dequant4(q, scales, row0 + r, k, H, v);
+    for (int m = 0; m < 4; ++m) w[e + m] = to_bf16(v[m]);
   }
 }
 
@@ -57,40 +76,41 @@ __global__ void int8_embedding_kernel(const int8_t* q, const float* scales, cons
   pdl_trigger();
   const int t = blockIdx.x;
   const int64_t row = ids[t];
-  const uint32_t* src = reinterpret_cast<const uint32_t*>(q + row * H);
   for (int k4 = threadIdx.x; k4 < H / 4; k4 += blockDim.x) {
-    const uint32_t v = src[k4];
-    const float s = scales[row * (H / 128) + (4 * k4) / 128];
-    __nv_bfloat162 lo = __floats2bfloat162_rn(static_cast<float>(static_cast<int8_t>(v)) * s,
-                                              static_cast<float>(static_cast<int8_t>(v >> 8)) * s);
-    __nv_bfloat162 hi = __floats2bfloat162_rn(static_cast<float>(static_cast<int8_t>(v >> 16)) * s,
-                                              static_cast<float>(static_cast<int8_t>(v >> 24)) * s);
+    float v[4];
+    int8_dequant4(q, scales, row, 4 * k4, H, v);
     __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(out + int64_t(t) * H + 4 * k4);
-    dst[0] = lo;
-    dst[1] = hi;
+    dst[0] = __floats2bfloat162_rn(v[0], v[1]);
+    dst[1] = __floats2bfloat162_rn(v[2], v[3]);
   }
 }
 
 int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 256, 65535 * 8)); }
 
 template <int NT>
-void launch_nt(const Int8Rows& w, const bf16* x, const OutParts& o, float* partial, int* counters, int splits, int T,
+void launch_nt(const Int8Tiled& w, const bf16* x, const OutParts& o, float* partial, int* counters, int splits, int T,
                int N, int K, cudaStream_t s) {
-  qgemv::launch<Int8Rows, NT, kChunksInFlight>(w, x, o, partial, counters, splits, T, N, K, s);
+  qgemv::launch<Int8Tiled, NT, kChunksInFlight>(w, x, o, partial, counters, splits, T, N, K, s);
 }
 
 template <int NT>
 int resident() {
-  return qgemv::resident_blocks<Int8Rows, NT, kChunksInFlight>();
+  return qgemv::resident_blocks<Int8Tiled, NT, kChunksInFlight>();
 }
 
 }  // namespace
 
+int64_t int8_tiled_rows(int64_t rows) { return (rows + 15) / 16 * 16; }
+
 void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s) {
   DS_ASSERT(H % 128 == 0, "int8 rows need whole groups of 128 (H %d)", H);
+  // The padding rows of the last row block: zero codes and scales (the GEMV reads them).
+  const int64_t padded = int8_tiled_rows(rows);
+  CUDA_CHECK(cudaMemsetAsync(q, 0, size_t(padded) * H, s));
+  CUDA_CHECK(cudaMemsetAsync(scales, 0, size_t(padded) * (H / 128) * sizeof(float), s));
   const int64_t n_groups_total = rows * (H / 128);
   const int blocks = static_cast<int>(std::min<int64_t>((n_groups_total + 7) / 8, 65535 * 8));
-  int8_quantize_rows_kernel<<<blocks, 256, 0, s>>>(w, q, scales, n_groups_total);
+  int8_quantize_rows_kernel<<<blocks, 256, 0, s>>>(w, q, scales, n_groups_total, H);
   cuda_check_launch("int8_quantize_rows", s);
 }
 
@@ -105,7 +125,7 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16*
   DS_ASSERT(T <= kInt8GemvMaxTokens && K % 128 == 0, "int8 GEMV: T %d, K %d", T, K);
   DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(partial) % 16 == 0,
             "int8 GEMV: x and the partials must be 16-byte aligned");
-  const Int8Rows w{q, scales, K, K / 128};
+  const Int8Tiled w{q, scales, K / qgemv::kChunk, K / 128};
   const OutParts o = out_parts(GemvOut::whole(out, N), N);
   if (T <= 8) launch_nt<1>(w, x, o, partial, counters, splits, T, N, K, s);
   else if (T <= 16) launch_nt<2>(w, x, o, partial, counters, splits, T, N, K, s);

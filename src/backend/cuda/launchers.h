@@ -224,16 +224,19 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
 // rows of a paired weight's blocks as the two halves, w [0, N/2) and [N/2, N).
 void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, bool paired, cudaStream_t s);
 
-// Int8 group-128 rows (ops/int8_rows.h): w bf16 [rows, H] -> q i8 [rows, H], scales f32 [rows, H/128]
+// Int8 group-128 rows (ops/int8_rows.h's values) in the GEMV's tile layout (qgemv_kernel.cuh,
+// Int8Tiled): rows padded to int8_tiled_rows, q i8 [padded rows * H], scales f32 [padded rows *
+// H/128]. Quantises w bf16 [rows, H] into them (the padding zeroed).
+int64_t int8_tiled_rows(int64_t rows);
 void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s);
 int int8_gemv_splits(int T, int N, int K);
-// T <= kInt8GemvMaxTokens; q i8 [N, K], scales f32 [N, K/128]
+// T <= kInt8GemvMaxTokens; q, scales: a tiled table of N rows and K columns
 void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16* out, float* partial, int* counters,
                       int splits, int T, int N, int K, cudaStream_t s);
-// w bf16 [rows, H] = dequantised rows [row0, row0 + rows) of q i8 [*, H]
+// w bf16 [rows, H] = dequantised rows [row0, row0 + rows) of a tiled table of H columns
 void launch_int8_dequant_rows(const int8_t* q, const float* scales, bf16* w, int64_t row0, int rows, int H,
                               cudaStream_t s);
-// out bf16 [T, H] = dequantised q i8 [V, H] [ids i32 [T]]
+// out bf16 [T, H] = the dequantised rows ids i32 [T] of a tiled table of H columns
 void launch_int8_embedding(const int8_t* q, const float* scales, const int32_t* ids, bf16* out, int T, int H,
                            cudaStream_t s);
 // x[i] = random 32-bit patterns (synthetic packed weights)

@@ -1,4 +1,4 @@
-// Device code of the quantized GEMV shared by the W4A16 (tiled) and int8 (row-major) weights:
+// Device code of the quantized GEMV shared by the W4A16 and int8 weights (both tiled):
 // out bf16 [T, N] = x bf16 [T, K] . W^T for T <= 8 * NT tokens on bf16 tensor cores
 // (mma.m16n8k16, fp32 accumulation), streaming the weights once for all tokens. The output may
 // be cut into parts (OutParts: the rows of a fused weight, Ops::linear_parts).
@@ -120,25 +120,35 @@ struct W4Tiled {
 // The view of a weight in the tiled layout (w4a16.cu): K columns in groups of `group`.
 W4Tiled tiled_weight(const uint32_t* tiled, int K, int group);
 
-// Int8 rows (int8_rows.cu): q i8 [N, K] row-major, scales f32 [N, K/128].
-struct Int8Rows {
+// Int8 group-128 tables in the tile layout (int8_rows.cu), rows padded to whole 16-row blocks
+// with zeros: for row block b and chunk c (columns [64c, 64c + 64)), 1,024 bytes at
+// (b K/64 + c) 1024, the first 512 rows 16b + g and the last 512 rows 16b + 8 + g (g < 8), lane
+// l = 4g + j of each half holding the 16 columns [64c + 16j, + 16) of its row; so a warp's two
+// 16-byte loads a chunk read 1,024 contiguous bytes, and its chunks follow each other. Scales f32
+// at ((b K/128 + group) 8 + g) 2 + (row's half): a lane's two rows' scales are one float2.
+__host__ __device__ constexpr int64_t int8_tile_offset(int64_t r, int k, int K) {
+  return ((r / 16) * (K / kChunk) + k / kChunk) * 1024 + (r % 16 / 8) * 512 + ((r % 8) * 4 + k % kChunk / 16) * 16 +
+         k % 16;
+}
+__host__ __device__ constexpr int64_t int8_scale_index(int64_t r, int k, int K) {
+  return (((r / 16) * (K / 128) + k / 128) * 8 + r % 8) * 2 + r % 16 / 8;
+}
+struct Int8Tiled {
   const int8_t* q;
   const float* scales;
-  int K;
+  int n_chunks;  // K / 64
   int n_groups;  // K / 128
 
   struct Frag {
     uint4 lo, hi;  // rows g and g + 8, the lane's 16 columns
     float2 s;
   };
-  __device__ __forceinline__ Frag load(int rb, int c, int lane, int N) const {
-    // Rows past N (last block) read row N - 1; their results are never stored.
-    const int r0 = min(rb * 16 + lane / 4, N - 1), r1 = min(rb * 16 + lane / 4 + 8, N - 1);
-    const int64_t col = int64_t(c) * kChunk + 16 * (lane % 4);
+  __device__ __forceinline__ Frag load(int rb, int c, int lane, int /*N: padded rows read zeros*/) const {
+    const int8_t* chunk = q + (int64_t(rb) * n_chunks + c) * 1024;
     Frag f;
-    f.lo = load_stream(q + int64_t(r0) * K + col);
-    f.hi = load_stream(q + int64_t(r1) * K + col);
-    f.s = make_float2(__ldg(scales + int64_t(r0) * n_groups + c / 2), __ldg(scales + int64_t(r1) * n_groups + c / 2));
+    f.lo = load_stream(chunk + 16 * lane);
+    f.hi = load_stream(chunk + 512 + 16 * lane);
+    f.s = __ldg(reinterpret_cast<const float2*>(scales) + (int64_t(rb) * n_groups + c / 2) * 8 + lane / 4);
     return f;
   }
   __device__ __forceinline__ void a_frag(const Frag& f, int j, uint32_t (&a)[4]) const {
