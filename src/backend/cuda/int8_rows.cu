@@ -104,7 +104,8 @@ int64_t int8_tiled_rows(int64_t rows) { return (rows + 15) / 16 * 16; }
 
 void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s) {
   DS_ASSERT(H % 128 == 0, "int8 rows need whole groups of 128 (H %d)", H);
-  // The padding rows of the last row block: zero codes and scales (the GEMV reads them).
+  // The whole table zeroed first: the padding rows of the last row block, which the GEMV reads,
+  // must hold zero codes and scales (the kernel writes only rows below `rows`).
   const int64_t padded = int8_tiled_rows(rows);
   CUDA_CHECK(cudaMemsetAsync(q, 0, size_t(padded) * H, s));
   CUDA_CHECK(cudaMemsetAsync(scales, 0, size_t(padded) * (H / 128) * sizeof(float), s));

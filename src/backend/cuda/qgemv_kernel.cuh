@@ -133,6 +133,12 @@ __host__ __device__ constexpr int64_t int8_tile_offset(int64_t r, int k, int K) 
 __host__ __device__ constexpr int64_t int8_scale_index(int64_t r, int k, int K) {
   return (((r / 16) * (K / 128) + k / 128) * 8 + r % 8) * 2 + r % 16 / 8;
 }
+// Int8Tiled::load reads this layout with its own arithmetic (a chunk's base, + 512 for rows g + 8,
+// a float2 of scales): the two agree, here for row block 5, lane 4 * 3 + 2, chunk 7 at K 1024.
+static_assert(int8_tile_offset(16 * 5 + 3, 64 * 7 + 16 * 2, 1024) == (5 * 16 + 7) * 1024 + 16 * (4 * 3 + 2));
+static_assert(int8_tile_offset(16 * 5 + 8 + 3, 64 * 7 + 16 * 2, 1024) ==
+              (5 * 16 + 7) * 1024 + 512 + 16 * (4 * 3 + 2));
+static_assert(int8_scale_index(16 * 5 + 3, 64 * 7, 1024) == 2 * ((5 * 8 + 7 / 2) * 8 + 3));
 struct Int8Tiled {
   const int8_t* q;
   const float* scales;
