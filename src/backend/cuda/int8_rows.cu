@@ -20,7 +20,12 @@ namespace ds::cuda {
 namespace {
 
 using qgemv::Int8Tiled;
-constexpr int kChunksInFlight = 2;  // 2 KB of weights per warp in flight
+// Chunks of 1 KB a warp keeps in flight: 4 at up to 8 tokens (one token tile: the lm_head of
+// decode and verify steps; the 27B's at one token 333.3 against 365.0 us a launch in place with
+// 2, 3.87 TB/s, on the H200: docs/perf/2026-12-03-s28-cuda-27b.md), 2 at more tokens, whose
+// accumulators take the registers.
+template <int NT>
+constexpr int kChunksInFlight = NT == 1 ? 4 : 2;
 
 using qgemv::int8_scale_index;
 using qgemv::int8_tile_offset;
@@ -90,12 +95,12 @@ int grid_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + 255) / 
 template <int NT>
 void launch_nt(const Int8Tiled& w, const bf16* x, const OutParts& o, float* partial, int* counters, int splits, int T,
                int N, int K, cudaStream_t s) {
-  qgemv::launch<Int8Tiled, NT, kChunksInFlight>(w, x, o, partial, counters, splits, T, N, K, s);
+  qgemv::launch<Int8Tiled, NT, kChunksInFlight<NT>>(w, x, o, partial, counters, splits, T, N, K, s);
 }
 
 template <int NT>
 int resident() {
-  return qgemv::resident_blocks<Int8Tiled, NT, kChunksInFlight>();
+  return qgemv::resident_blocks<Int8Tiled, NT, kChunksInFlight<NT>>();
 }
 
 }  // namespace
@@ -104,11 +109,15 @@ int64_t int8_tiled_rows(int64_t rows) { return (rows + 15) / 16 * 16; }
 
 void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s) {
   DS_ASSERT(H % 128 == 0, "int8 rows need whole groups of 128 (H %d)", H);
-  // The whole table zeroed first: the padding rows of the last row block, which the GEMV reads,
-  // must hold zero codes and scales (the kernel writes only rows below `rows`).
+  // The last row block zeroed first where it has padding rows: the GEMV reads them (into output
+  // rows it does not store), and zeros keep those reads defined; the kernel writes only rows
+  // below `rows`. A row block is contiguous in the tile layout: 16 H codes, 16 H / 128 scales.
   const int64_t padded = int8_tiled_rows(rows);
-  CUDA_CHECK(cudaMemsetAsync(q, 0, size_t(padded) * H, s));
-  CUDA_CHECK(cudaMemsetAsync(scales, 0, size_t(padded) * (H / 128) * sizeof(float), s));
+  if (padded != rows) {
+    const int64_t last = padded - 16;
+    CUDA_CHECK(cudaMemsetAsync(q + last * H, 0, size_t(16) * H, s));
+    CUDA_CHECK(cudaMemsetAsync(scales + last * (H / 128), 0, size_t(16) * (H / 128) * sizeof(float), s));
+  }
   const int64_t n_groups_total = rows * (H / 128);
   const int blocks = static_cast<int>(std::min<int64_t>((n_groups_total + 7) / 8, 65535 * 8));
   int8_quantize_rows_kernel<<<blocks, 256, 0, s>>>(w, q, scales, n_groups_total, H);
