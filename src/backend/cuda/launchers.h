@@ -249,8 +249,9 @@ constexpr int kSmallGemvMaxRows = 256;
 bool small_gemv_supported(const void* x, const void* w, int T, int N, int K);
 // out.norm: a consumer's scale (GemvNorm). independent: x (and out.norm's sums) was complete
 // before the previous kernel began (it read x too), so the blocks compute at once and wait for
-// that kernel only before they end (programmatic dependent launch: the kernels after still see
-// everything before complete).
+// that kernel only before they end, and the next kernel launches at once (programmatic dependent
+// launch: the kernels after still see everything before complete; what the next kernel touches
+// before its pdl_wait, no kernel of the step writes).
 void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
                        bool independent = false);
 

@@ -20,13 +20,19 @@ constexpr int kPreloaded = 4;  // weight vectors a thread loads before pdl_wait 
 // Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= MaxT <= kSmallGemvMaxTokens), 16-byte
 // vectors (K % 8 == 0), fp32 accumulation. The row's first vectors load before pdl_wait (no
 // kernel writes weights). Independent (launch_small_gemv): no wait before the work, one at the
-// end, and x read from L2.
+// end, and x read from L2; it also lets the next kernel launch at once (pdl_trigger first), so that
+// kernel's blocks are resident, and have loaded what they may before their own pdl_wait, when the
+// kernel before this one ends (its pdl_wait returns once this one has ended, after that one). The
+// GDN layer's conv1d after in_proj_b/a: C1 5.60-5.65 against 5.70-5.73 ms, verify 1 at 4k 5.65-5.66
+// against 5.77, verify 8 6.59-6.62 against 6.64-6.69, C8 6.92-6.98 against 7.03-7.06 on the H200
+// (docs/perf/2026-12-03-s29-cuda-27b.md). The conv1d triggering first as well lost that again.
 template <bool Independent, int MaxT>
 __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                               OutParts out, int T, int K) {
   __shared__ float red[kThreads / 32][MaxT];
   const int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
+  if constexpr (Independent) pdl_trigger();
   uint4 pre[kPreloaded];
 #pragma unroll
   for (int i = 0; i < kPreloaded; ++i) {
