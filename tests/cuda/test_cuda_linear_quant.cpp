@@ -185,10 +185,10 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
 }
 
 // Weights with too many rows to split K (w4a16_gemv_splits 1 on the H200: the TMA kernel's narrow
-// blocks, 9 warps at one token and one at more) at the 27B's widths: gate_up (34,816 x 5,120,
+// blocks of 9 warps) at the 27B's widths: gate_up (34,816 x 5,120,
 // paired, swiglu out), a plain 30,000 x 2,560, K 640 ending on a short unit, a paired K 1,152 (4.5
 // units). W4A16MatchesCpu's unsplit shapes have K <= 256, one unit a row block; these stream 3 to
-// 20 through the narrow rings (5 stages of one unit at one token, 3 at more), and check that a
+// 20 through the narrow rings (3 stages of one unit at one token, 2 at more), and check that a
 // repeated launch gives the same bits.
 TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
   struct Shape {

@@ -72,8 +72,10 @@ inline int tma_narrow_warps(int T) {
   return T == 1 ? kNarrowWarpsOneToken : kNarrowWarpsTokens;
 }
 // The shared-memory carveout (percent, launch_kernel_carveout) of a launch of `blocks` unsplit
-// blocks of `smem` bytes: what one wave of them needs on each SM (the driver's 1 KiB a block
-// included), so the rest of the SM's 256 KB stays L1 for the inputs they all read.
+// blocks of `smem` bytes at 2-8 tokens: what one wave of them needs on each SM (the driver's 1 KiB
+// a block included), so the rest of the SM's 256 KB stays L1 for the inputs they all read. (All
+// the shared memory instead: verify 8 at 4k 0.04-0.07 ms slower on the H200, docs/perf/
+// 2026-12-03-s29-cuda-27b.md.) At one token the launch takes it all (kOneTokenCarveout).
 inline int narrow_carveout(int blocks, size_t smem) {
   const int sms = sm_count(), max_smem = smem_per_sm();
   const int64_t need = int64_t((blocks + sms - 1) / sms) * int64_t(smem + 1024);
@@ -90,8 +92,15 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // beat 3 (120 KB): verify 8 6.67 against 6.74-6.76 ms, verify 4 6.12 against 6.20-6.22, C8
 // 7.04-7.08 against 7.12-7.14, one token unchanged; 4 stages lost 0.2 ms at verify 8, and one
 // stage 0.13-0.14 against 2 at verify 2 and 4 (H200, docs/perf/2026-12-02-s25-cuda-27b.md).
-constexpr int kNarrowStages = 5;
+// At one token 3 stages (60 KB a block of 9 warps) and the whole of the SM's shared memory as the
+// carveout, so one block of the split launch after (74 KB) fits beside the two blocks an SM and
+// is resident, its first weights asked for, while they end: C1 at 1k 5.59-5.62 against 5.64-5.68
+// ms, C1 at 4k 5.60-5.64 against 5.67-5.71, verify 1 5.61-5.64 against 5.67-5.71; 3 stages with
+// the carveout of narrow_carveout (132 KB, no block beside) 5.60-5.62 at C1, 4 stages (164 KB)
+// 5.84-5.85, with either carveout (H200, docs/perf/2026-12-03-s29-cuda-27b.md).
+constexpr int kNarrowStages = 3;
 constexpr int kNarrowStagesTokens = 2;
+constexpr int kOneTokenCarveout = 100;
 // Units of weights a warp of a block of several warps asks for before pdl_wait (one stage of 2
 // units, or 2 of one); the rest of its ring after the block's inputs are staged (or right after
 // pdl_wait when the inputs come through L1). The whole ring before the wait put the inputs' loads
@@ -459,9 +468,9 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   }
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
   const dim3 grid((N + 16 * warps - 1) / (16 * warps), splits);
-  launch_kernel_carveout("qgemv_tma", kernel, grid, dim3(32 * warps), smem,
-                         splits == 1 ? narrow_carveout(grid.x * grid.y, smem) : -1, s, w, x, xb, out, partial, counters,
-                         T, N, K, 0);
+  const int carveout = splits > 1 ? -1 : T == 1 ? kOneTokenCarveout : narrow_carveout(grid.x * grid.y, smem);
+  launch_kernel_carveout("qgemv_tma", kernel, grid, dim3(32 * warps), smem, carveout, s, w, x, xb, out, partial,
+                         counters, T, N, K, 0);
 }
 
 }  // namespace ds::cuda::qgemv
