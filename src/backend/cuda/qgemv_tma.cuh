@@ -82,12 +82,12 @@ inline int narrow_carveout(int blocks, size_t smem) {
   return static_cast<int>(std::min<int64_t>(100, (100 * need + max_smem - 1) / max_smem));
 }
 // The blocks of unsplit launches at one token tile take one-unit stages, their inputs loaded a
-// stage ahead: at one token 5 a warp instead of 2 x 2 units (measured with one-warp blocks, 17 an
+// stage ahead, rather than 2 x 2 units (5 a warp against 2 x 2, measured with one-warp blocks, 17 an
 // SM of 11.9 KB with the system's 1 KiB each keeping 185 KB in flight, not 148: docs/perf/
 // 2026-12-01-s10-cuda-27b.md; now 9 warps a block, tma_narrow_warps); at 2-8 tokens fewer, so that
 // with the carveout of narrow_carveout the L1 keeps room for the 20-80 KB of inputs every warp
 // reads (one-warp blocks, 3 stages against 4: verify 8 7.64 against 7.76 ms, C4 7.23 against 7.33
-// on the H200; 3 stages at one token were 0.05 ms slower at C1: docs/perf/
+// on the H200; 3 stages at one token were then 0.05 ms slower at C1: docs/perf/
 // 2026-12-01-s14-cuda-27b.md). With 2 blocks of 9 warps an SM, 2 stages (80 KB of rings an SM)
 // beat 3 (120 KB): verify 8 6.67 against 6.74-6.76 ms, verify 4 6.12 against 6.20-6.22, C8
 // 7.04-7.08 against 7.12-7.14, one token unchanged; 4 stages lost 0.2 ms at verify 8, and one

@@ -21,8 +21,8 @@ constexpr int kPreloaded = 4;  // weight vectors a thread loads before pdl_wait 
 // vectors (K % 8 == 0), fp32 accumulation. The row's first vectors load before pdl_wait (no
 // kernel writes weights). Independent (launch_small_gemv): no wait before the work, one at the
 // end, and x read from L2; it also lets the next kernel launch at once (pdl_trigger first), so that
-// kernel's blocks are resident, and have loaded what they may before their own pdl_wait, when the
-// kernel before this one ends (its pdl_wait returns once this one has ended, after that one). The
+// kernel's blocks are resident, and have loaded what they may before their pdl_wait, when the
+// kernel before this one ends (their pdl_wait still returns only once this one has ended). The
 // GDN layer's conv1d after in_proj_b/a: C1 5.60-5.65 against 5.70-5.73 ms, verify 1 at 4k 5.65-5.66
 // against 5.77, verify 8 6.59-6.62 against 6.64-6.69, C8 6.92-6.98 against 7.03-7.06 on the H200
 // (docs/perf/2026-12-03-s29-cuda-27b.md). The conv1d triggering first as well lost that again.
