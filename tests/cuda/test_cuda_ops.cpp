@@ -276,8 +276,9 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     // or more sequences), the second with verify blocks of up to 16 tokens. Then two verify steps
     // of 2 and 1 sequences (up to 8 tokens) through gdn_gates_delta_rule_norm, which on CUDA take
     // the kernel of a CTA a head with its norm and 4 parts of a column's rows (gdn_verify_head),
-    // the second continuing the first's state; last a decode step with the norm that reads the
-    // states they wrote.
+    // the second continuing the first's state; last a decode step of 2 sequences with the norm
+    // that reads the states they wrote, in 4 parts too (gdn_head_parts; the decode steps of 3 and 9
+    // sequences before take 2).
     const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {1, 1, 1}, {8, 8, 8},
                                                  {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 16, 1, 2, 5, 2, 2, 8, 3},
                                                  {8, 3}, {5}, {1, 1}};

@@ -229,7 +229,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
 // one bulk store from shared memory. Norm (a GdnNorm): the CTA keeps the head's outputs in shared
 // memory, then writes them normalised and gated (no gated-norm launch after it). Parts 2 (256
 // threads, 64 rows a thread) by default; 4 (512 threads, 32 rows a thread, a token's chains of
-// dependent sums half as long) where launch_gdn_recurrent is given head_parts 4 (verify steps).
+// dependent sums half as long) where launch_gdn_recurrent is given head_parts 4 (CudaOps: steps
+// of up to 2 sequences, whose CTAs have an SM each either way).
 // A thread's sums over its rows a token run as kHeadChains (1, 2 or 4) interleaved chains of
 // dependent adds, summed pairwise: with 2 rather than one chain of 64, C1 -0.02 ms, verify 8 at 4k
 // -0.02, C64 -0.09 on the H200 (three rounds, about the runs' spread; docs/perf/
@@ -248,7 +249,7 @@ __device__ __forceinline__ bf16 gdn_norm_out(float v, float inv, float w, float 
 // A column's sums over the Parts parts of its rows: in part order (2 parts: r0 + r1), or pairwise.
 template <int Parts>
 __device__ __forceinline__ float parts_sum(const float (&red)[Parts][kDecodeMaxK], int col) {
-  static_assert(Parts == kGdnHeadParts || Parts == kGdnHeadVerifyParts, "2 or 4 parts");
+  static_assert(Parts == kGdnHeadParts || Parts == kGdnHeadFewSeqsParts, "2 or 4 parts");
   if constexpr (Parts == kGdnHeadParts) return red[0][col] + red[1][col];
   else return (red[0][col] + red[1][col]) + (red[2][col] + red[3][col]);
 }
@@ -422,7 +423,7 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm,
                           int head_parts) {
   if (n_seqs == 0) return;
-  DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadVerifyParts, "GDN decode: %d row parts a head",
+  DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadFewSeqsParts, "GDN decode: %d row parts a head",
             head_parts);
   const bool normed = norm.z != nullptr;
   DS_ASSERT(!normed || (short_chunks && gdn_decode_norm_supported(dk, dv, state_dtype)),
@@ -446,7 +447,7 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                       out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
       };
       if ((Norm || n_seqs >= kDecodeHeadSeqs) && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
-        if (head_parts == kGdnHeadVerifyParts) head(std::integral_constant<int, kGdnHeadVerifyParts>{});
+        if (head_parts == kGdnHeadFewSeqsParts) head(std::integral_constant<int, kGdnHeadFewSeqsParts>{});
         else head(std::integral_constant<int, kGdnHeadParts>{});
         return;
       }

@@ -297,9 +297,9 @@ bool gdn_decode_supported(int dk);
 // the head's state of state_dtype in shared memory).
 bool gdn_decode_norm_supported(int dk, int dv, int state_dtype);
 // head_parts: the row parts of a column in the decode kernel of a CTA a head (gdn_recurrent.cu),
-// 2 (256 threads) by default, 4 (512 threads) for the verify steps that CudaOps gives it.
+// 2 (256 threads) by default, 4 (512 threads) for the steps of few sequences that CudaOps gives it.
 constexpr int kGdnHeadParts = 2;
-constexpr int kGdnHeadVerifyParts = 4;
+constexpr int kGdnHeadFewSeqsParts = 4;
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {},
