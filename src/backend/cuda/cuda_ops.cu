@@ -840,9 +840,10 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
 int CudaOps::gdn_head_parts() const {
   // 4 parts of 32 rows (512 threads, one CTA an SM) at decode steps of up to 2 sequences, whose 96
   // CTAs at most have an SM each with 2 parts too: a thread's rows and chains of dependent sums
-  // are half as long. On the H200 (27B shape, three interleaved rounds, docs/perf/
-  // 2026-12-03-s30-cuda-27b.md): the kernel 7.05 -> 6.41 us a launch at C1, C1 at 1k 5.50-5.52
-  // against 5.58, verify 1 at 4k 5.54-5.58 against 5.59. Verify steps: gdn_verify_head.
+  // are half as long. On the H200 (27B shape, three interleaved rounds in each of two calls,
+  // docs/perf/2026-12-03-s30-cuda-27b.md): the kernel 7.05 -> 6.41 us a launch at C1; C1 at 1k
+  // 5.49-5.52 against 5.53-5.58 ms, verify 1 at 4k 5.53-5.58 against 5.57-5.60; C2 even (5.68-5.72
+  // both). Verify steps: gdn_verify_head.
   constexpr int kGdnFewSeqs = 2;
   const bool few = max_chunk_ == 1 ? plan_.n_seqs() <= kGdnFewSeqs : gdn_verify_head();
   return few ? cuda::kGdnHeadFewSeqsParts : cuda::kGdnHeadParts;
