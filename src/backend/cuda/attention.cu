@@ -31,7 +31,7 @@ __device__ __forceinline__ int64_t cache_row(const int32_t* block_tables, int ma
 // grid T, block (nKV * hd) threads or fewer with striding
 __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache,
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
-                                 const int32_t* block_tables, int max_blocks, int width, int block_size) {
+                                 const int32_t* block_tables, int max_blocks, int width, int block_size, bool vec) {
   // The cache row first: the step plan and the block tables are written before the step, so their
   // three dependent loads run while the previous kernel ends (after pdl_wait they took the kernel
   // to 2.8 us a launch in place at one token, against 1.7 now on the H200: docs/perf/
@@ -41,6 +41,20 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
   const int64_t row = cache_row(block_tables, max_blocks, s, n_past[s] + (t - cu_seqlens[s]), block_size);
   pdl_wait();  // launch.cuh
   pdl_trigger();
+  // vec: 16 bytes a thread, the keys' and values' loads all issued at once. (Element by element,
+  // a thread's loads waited on its stores before them, which may alias: 8 round trips to L2 at
+  // the 27B's width, 1.87 against 0.95 us a launch in place at C1 on the H200, docs/perf/
+  // 2026-12-03-s30-cuda-27b.md.)
+  if (vec) {
+    const int n = width / 8;
+    for (int i = threadIdx.x; i < 2 * n; i += blockDim.x) {
+      const bool is_v = i >= n;
+      const int c = is_v ? i - n : i;
+      const uint4 x = reinterpret_cast<const uint4*>((is_v ? v : k) + int64_t(t) * width)[c];
+      reinterpret_cast<uint4*>((is_v ? v_cache : k_cache) + row * width)[c] = x;
+    }
+    return;
+  }
   for (int i = threadIdx.x; i < width; i += blockDim.x) {
     k_cache[row * width + i] = k[int64_t(t) * width + i];
     v_cache[row * width + i] = v[int64_t(t) * width + i];
@@ -285,8 +299,9 @@ void launch_kv_append(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache
                       const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
                       int T, int nKV, int hd, int block_size, cudaStream_t s) {
   if (T == 0) return;
+  const bool vec = (nKV * hd) % 8 == 0 && aligned16(k) && aligned16(v) && aligned16(k_cache) && aligned16(v_cache);
   launch_kernel("kv_append", kv_append_kernel, T, 256, 0, s, k, v, k_cache, v_cache, seq_of_token, cu_seqlens, n_past,
-                block_tables, max_blocks, nKV * hd, block_size);
+                block_tables, max_blocks, nKV * hd, block_size, vec);
 }
 
 int attention_row_groups(int max_chunk, int nH, int nKV) {

@@ -282,7 +282,7 @@ constexpr int kPrepMaxHd = 256;
 
 __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
     const bf16* p, bf16* k, const float* q_norm, const float* k_norm, bf16* q, bf16* gate, const int32_t* positions,
-    int nH, int nKV, int hd, int rotary_dim, float theta, float eps) {
+    int nH, int nKV, int hd, int rotary_dim, float theta, float eps, bool vec_gate) {
   __shared__ float row[kPrepWarps][kPrepMaxHd];
   const int64_t t = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, half = rotary_dim / 2;
@@ -311,6 +311,12 @@ __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
   const bf16* src = is_q ? p + (t * nH + head) * 2 * hd : k + (t * nKV + (head - nH)) * hd;
   bf16* dst = is_q ? q + (t * nH + head) * hd : k + (t * nKV + (head - nH)) * hd;
   float x[kPrepMaxHd / 32], ss = 0.f;
+  // vec_gate: the lane's 8 gate values in one load issued with the others, stored as one. (Element
+  // by element each load waited on the store before it, which may alias: 8 round trips to L2 a
+  // query head at hd 256, 4.01 against 1.98 us a launch in place at C1 on the H200, docs/perf/
+  // 2026-12-03-s30-cuda-27b.md.)
+  uint4 g = {};
+  if (vec_gate && is_q && lane < hd / 8) g = reinterpret_cast<const uint4*>(src + hd)[lane];
 #pragma unroll
   for (int e = 0; e < kPrepMaxHd / 32; ++e) x[e] = to_f32(src[min(lane + 32 * e, hd - 1)]);  // all loads at once
 #pragma unroll
@@ -321,8 +327,11 @@ __global__ void __launch_bounds__(kPrepWarps * 32) attention_prep_kernel(
       ss += x[e] * x[e];
     }
   }
-  if (is_q)
+  if (is_q && vec_gate) {
+    if (lane < hd / 8) reinterpret_cast<uint4*>(gate + (t * nH + head) * hd)[lane] = g;
+  } else if (is_q) {
     for (int d = lane; d < hd; d += 32) gate[(t * nH + head) * hd + d] = src[hd + d];
+  }
   const float inv = rsqrtf(warp_sum(ss) / hd + eps);
   __syncwarp();
 #pragma unroll
@@ -463,8 +472,9 @@ void launch_attention_prep(const bf16* p, bf16* k, const float* q_norm, const fl
   if (T == 0) return;
   DS_ASSERT(attention_prep_supported(hd, rotary_dim), "attention prep: hd %d, rotary dim %d", hd, rotary_dim);
   const dim3 grid(T, (nH + nKV + kPrepWarps - 1) / kPrepWarps);
+  const bool vec_gate = hd % 8 == 0 && aligned16(p) && aligned16(gate);
   launch_kernel("attention_prep", attention_prep_kernel, grid, kPrepWarps * 32, 0, s, p, k, q_norm, k_norm, q, gate,
-                positions, nH, nKV, hd, rotary_dim, theta, eps);
+                positions, nH, nKV, hd, rotary_dim, theta, eps, vec_gate);
 }
 
 void launch_gdn_gates(const bf16* a, const bf16* b, const float* a_log, const float* dt_bias, float* g, float* beta,
