@@ -790,6 +790,10 @@ void CudaOps::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log,
   gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, cuda::GdnNorm{});
 }
 
+// The most sequences whose GDN heads (48 in the 27B) the decode kernel of a CTA a head runs in 4
+// parts of a column's rows: 512 threads, one CTA an SM, so 96 CTAs at most keep one wave.
+constexpr int kGdnFewSeqs = 2;
+
 void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                                         const GdnShape& sh, int layer, Tensor z, Tensor norm_w, float eps,
                                         bool sigmoid_gate, Tensor out) {
@@ -800,7 +804,7 @@ void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a
   // at more sequences C64 24.60-24.78 against 24.13-24.19 (its extra time a CTA, paid once a wave);
   // with the norm at a verify step of 8 tokens 7.06-7.13 against 6.88-6.93 (the kernel of a CTA a
   // head against the register-state tiles); in clusters of those tiles, no gain at C1. Verify
-  // steps of up to kGdnVerifyHeadMaxSeqs sequences take it with 4 parts of a column's rows
+  // steps of up to kGdnFewSeqs sequences take it with 4 parts of a column's rows
   // (gdn_verify_head).
   constexpr int kGdnNormMaxSeqs = 16;
   const bool in_kernel = max_chunk_ == 1 ? plan_.n_seqs() <= kGdnNormMaxSeqs : gdn_verify_head();
@@ -838,28 +842,27 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
 }
 
 int CudaOps::gdn_head_parts() const {
-  // 4 parts of 32 rows (512 threads, one CTA an SM) at decode steps of up to 2 sequences, whose 96
-  // CTAs at most have an SM each with 2 parts too: a thread's rows and chains of dependent sums
-  // are half as long. On the H200 (27B shape, three interleaved rounds in each of two calls,
-  // docs/perf/2026-12-03-s30-cuda-27b.md): the kernel 7.05 -> 6.41 us a launch at C1; C1 at 1k
+  // 4 parts of 32 rows at decode steps of up to kGdnFewSeqs sequences, whose CTAs have an SM each
+  // with 2 parts too: a thread's rows and chains of dependent sums are half as long. On the H200
+  // (27B shape, three interleaved rounds in each of two calls, docs/perf/
+  // 2026-12-03-s30-cuda-27b.md): the kernel 7.05 -> 6.41 us a launch at C1; C1 at 1k
   // 5.49-5.52 against 5.53-5.58 ms, verify 1 at 4k 5.53-5.58 against 5.57-5.60; C2 even (5.68-5.72
   // both). Verify steps: gdn_verify_head.
-  constexpr int kGdnFewSeqs = 2;
   const bool few = max_chunk_ == 1 ? plan_.n_seqs() <= kGdnFewSeqs : gdn_verify_head();
   return few ? cuda::kGdnHeadFewSeqsParts : cuda::kGdnHeadParts;
 }
 
 bool CudaOps::gdn_verify_head() const {
-  // 4 parts of 32 rows, 512 threads: one CTA an SM, so at most 2 sequences (96 CTAs of the 27B's
-  // 48 heads) keep them in one wave. On the H200 (27B shape, 4k context, three rounds: docs/perf/
-  // 2026-12-02-s22-cuda-27b.md, run 8): verify 2 6.23-6.26 against 6.33-6.34 ms with the tiles and
-  // the norm launch, verify 4 6.47-6.50 against 6.53-6.56, verify 8 6.99-7.01 against 7.03-7.04;
+  // 4 parts of 32 rows, at most kGdnFewSeqs sequences. On the H200 (27B shape, 4k context, three
+  // rounds: docs/perf/2026-12-02-s22-cuda-27b.md, run 8): verify 2 6.23-6.26 against 6.33-6.34 ms
+  // with the tiles and the norm launch, verify 4 6.47-6.50 against 6.53-6.56, verify 8 6.99-7.01
+  // against 7.03-7.04;
   // with blocks of 16 tokens it lost (run 7: 10.15-10.21 against 10.10-10.12), so up to
   // kGdnVerifyHeadMaxTokens tokens a sequence.
-  constexpr int kGdnVerifyHeadMaxSeqs = 2, kGdnVerifyHeadMaxTokens = 8;
+  constexpr int kGdnVerifyHeadMaxTokens = 8;
   static const bool enabled = cuda::env_flag("DS_GDN_VERIFY_HEAD", true);
   return enabled && max_chunk_ > 1 && max_chunk_ <= kGdnVerifyHeadMaxTokens &&
-         plan_.n_seqs() <= kGdnVerifyHeadMaxSeqs;
+         plan_.n_seqs() <= kGdnFewSeqs;
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {
