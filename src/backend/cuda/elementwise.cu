@@ -113,7 +113,7 @@ __global__ void rms_norm_vec_kernel(const bf16* x, const bf16* aux, bf16* sum, c
 // The vector kernels need D % 8 == 0, 16-byte aligned rows and at most kMaxVec vectors per thread.
 template <class... P>
 bool vec_ok(int D, const P*... ptrs) {
-  const bool aligned = ((reinterpret_cast<uintptr_t>(ptrs) % 16 == 0) && ...);
+  const bool aligned = (aligned16(ptrs) && ...);
   return D % 8 == 0 && D <= 8 * 1024 * kMaxVec && aligned;
 }
 

@@ -466,7 +466,7 @@ void launch_gdn_chunked(const bf16* qkv, const float* g, const float* beta, void
   at += align256(size_t(T) * Hk * sizeof(float));
   float* qn = reinterpret_cast<float*>(at);  // f32 [T, Hk]
   // 16-byte copies of q/k/v rows need every row and head offset on 8 elements.
-  const bool vec = dk % 8 == 0 && dv % 8 == 0 && reinterpret_cast<uintptr_t>(qkv) % 16 == 0;
+  const bool vec = dk % 8 == 0 && dv % 8 == 0 && aligned16(qkv);
 
   const size_t prep_smem = sizeof(PrepSmem);
   CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem));

@@ -133,7 +133,7 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16*
                       int splits, int T, int N, int K, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(T <= kInt8GemvMaxTokens && K % 128 == 0, "int8 GEMV: T %d, K %d", T, K);
-  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(partial) % 16 == 0,
+  DS_ASSERT(aligned16(x) && aligned16(partial),
             "int8 GEMV: x and the partials must be 16-byte aligned");
   const Int8Tiled w{q, scales, K / qgemv::kChunk, K / 128};
   const OutParts o = out_parts(GemvOut::whole(out, N), N);

@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
 }  // namespace
 
 bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
-  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
+  const bool aligned = aligned16(x) && aligned16(w);
   return aligned && T >= 1 && T <= kSmallGemvMaxTokens && N <= kSmallGemvMaxRows && K % 8 == 0;
 }
 

@@ -364,8 +364,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
-  DS_ASSERT(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(tiled) % 16 == 0 &&
-                reinterpret_cast<uintptr_t>(partial) % 16 == 0,
+  DS_ASSERT(aligned16(x) && aligned16(tiled) && aligned16(partial),
             "W4A16 GEMV: x, the weight and the partials must be 16-byte aligned");
   // Whether the inputs fit in shared memory to be gated there is launch_tma's check.
   DS_ASSERT(gate == GemvGate::kNone || (xb && w4a16_gemv_tma()),
