@@ -125,18 +125,21 @@ TEST_F(CudaOpsTest, LinearEmbeddingGather) {
     StepPlan p = make_plan({T}, {0}, 16, 1);
     p.logit_rows = {T - 1, 0};
     begin(p);
-    auto table = both(random_bf16(V * K, rng), {V, K});
-    auto emb = outputs({T, K});
-    LinearWeight table_cpu, table_gpu;
-    table_cpu.dense = table.first;
-    table_gpu.dense = table.second;
-    cpu.embedding(table_cpu, emb.first);
-    gpu->embedding(table_gpu, emb.second);
-    expect_close(emb, 1e-6, "embedding");
-    auto rows = outputs({2, K});
-    cpu.gather_rows(emb.first, rows.first);
-    gpu->gather_rows(emb.second, rows.second);
-    expect_close(rows, 1e-6, "gather_rows");
+    // Rows of 96 (copied 16 bytes at a time) and 100 values (not a multiple of 8: element by element).
+    for (int H : {K, K + 4}) {
+      auto table = both(random_bf16(V * H, rng), {V, H});
+      auto emb = outputs({T, H});
+      LinearWeight table_cpu, table_gpu;
+      table_cpu.dense = table.first;
+      table_gpu.dense = table.second;
+      cpu.embedding(table_cpu, emb.first);
+      gpu->embedding(table_gpu, emb.second);
+      expect_close(emb, 1e-6, "embedding_H" + std::to_string(H));
+      auto rows = outputs({2, H});
+      cpu.gather_rows(emb.first, rows.first);
+      gpu->gather_rows(emb.second, rows.second);
+      expect_close(rows, 1e-6, "gather_rows_H" + std::to_string(H));
+    }
   }
 }
 

@@ -15,12 +15,24 @@ namespace {
 constexpr int kThreads = 256;
 inline int blocks_for(int64_t n) { return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, 65535 * 8)); }
 
+// The block copies n bf16 from src to dst: 16 bytes per thread and step when n is a multiple of
+// 8 and both pointers are 16-byte aligned, else element by element. (Copied element by element,
+// each load waits on the thread's store before it, since the pointers may alias.)
+__device__ __forceinline__ void copy_row(const bf16* src, bf16* dst, int n) {
+  if (n % 8 == 0 && aligned16(src) && aligned16(dst)) {
+    const uint4* s = reinterpret_cast<const uint4*>(src);
+    uint4* d = reinterpret_cast<uint4*>(dst);
+    for (int i = threadIdx.x; i < n / 8; i += blockDim.x) d[i] = s[i];
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+  }
+}
+
 __global__ void embedding_kernel(const bf16* table, const int32_t* ids, bf16* out, int H) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
   const int t = blockIdx.x;
-  const bf16* row = table + int64_t(ids[t]) * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(t) * H + i] = row[i];
+  copy_row(table + int64_t(ids[t]) * H, out + int64_t(t) * H, H);
 }
 
 // RMSNorm (optionally gated) over rows of D (a multiple of 8) with 16-byte vectors held in
@@ -222,16 +234,16 @@ __global__ void gather_rows_kernel(const bf16* x, const int32_t* rows, bf16* out
   pdl_wait();  // launch.cuh
   pdl_trigger();
   const int r = blockIdx.x;
-  const bf16* src = x + int64_t(rows[r]) * H;
-  for (int i = threadIdx.x; i < H; i += blockDim.x) out[int64_t(r) * H + i] = src[i];
+  copy_row(x + int64_t(rows[r]) * H, out + int64_t(r) * H, H);
 }
 
 __global__ void concat_cols_kernel(const bf16* a, const bf16* b, bf16* out, int D1, int D2) {
   pdl_wait();  // launch.cuh
   pdl_trigger();
   const int64_t t = blockIdx.x;
-  const int D = D1 + D2;
-  for (int i = threadIdx.x; i < D; i += blockDim.x) out[t * D + i] = i < D1 ? a[t * D1 + i] : b[t * D2 + i - D1];
+  bf16* row = out + t * (D1 + D2);
+  copy_row(a + t * D1, row, D1);
+  copy_row(b + t * D2, row + D1, D2);
 }
 
 // Block per (token, head): copies the head's query and gate halves (16-byte vectors when hd % 8 == 0).
