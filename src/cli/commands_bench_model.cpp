@@ -23,6 +23,7 @@ struct BenchModelArgs {
   std::string config, model_dir, json_out;
   bool synthetic = false;
   bool w4a16 = false;
+  std::string w4a8 = "none";
   bool profile = false;
   std::string lm_head_dtype = "int8";
   ModelBenchOptions o;
@@ -46,20 +47,22 @@ void run(BenchModelArgs& a) {
   co.scratch_bytes = size_t(6) << 30;
   co.int8_vocab = a.lm_head_dtype == "int8";
   CudaOps ops(co);
+  auto a8 = parse_act_int8_layers(a.w4a8);
+  if (!a8.ok()) cli_fail(a8.status().message());
   std::unique_ptr<Checkpoint> ck;
   std::unique_ptr<Qwen35Model> model;
   if (a.synthetic) {
     if (a.config.empty()) cli_fail("--synthetic needs --config FILE");
     auto cfg = load_model_config(a.config);
     if (!cfg.ok()) cli_fail(cfg.status().message());
-    auto m = Qwen35Model::synthetic(cfg.value(), ops, /*with_mtp=*/false, a.w4a16, 1);
+    auto m = Qwen35Model::synthetic(cfg.value(), ops, /*with_mtp=*/false, a.w4a16, 1, a8.value());
     if (!m.ok()) cli_fail(m.status().message());
     model = std::move(m.value());
   } else {
     auto c = Checkpoint::open(a.model_dir);
     if (!c.ok()) cli_fail(c.status().message());
     ck = std::move(c.value());
-    auto m = Qwen35Model::load(*ck, ops);
+    auto m = Qwen35Model::load(*ck, ops, a8.value());
     if (!m.ok()) cli_fail(m.status().message());
     model = std::move(m.value());
   }
@@ -75,11 +78,11 @@ void run(BenchModelArgs& a) {
   std::vector<BenchRow> rows = run_model_bench(*model, ops, a.o);
 
   std::printf("# ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s; weights %s, %.2f GB on the GPU, %.2f GB read per "
-              "decode step\n",
+              "decode step; W4A8 layers: %s\n",
               roof.copy_gbps, roof.bf16_tflops,
               a.w4a16 ? (int8_table ? "W4A16 (g128) + int8 lm_head" : "W4A16 (g128) + bf16 lm_head")
                       : (int8_table ? "bf16 + int8 lm_head" : "bf16"),
-              ops.weight_bytes() / 1e9, a.o.weight_bytes / 1e9);
+              ops.weight_bytes() / 1e9, a.o.weight_bytes / 1e9, a.w4a8.c_str());
   std::printf("%-8s %6s %7s %8s %11s %12s %12s %9s\n", "kind", "batch", "tokens", "context", "ms", "tok/s",
               "roofline_ms", "of_roof");
   std::string json;
@@ -107,6 +110,10 @@ void register_bench_model_command(CLI::App& bench) {
   m->add_flag("--synthetic", a->synthetic, "random weights of the config's shapes, drawn on the GPU");
   m->add_option("--model", a->model_dir, "benchmark a checkpoint folder instead");
   m->add_flag("--w4a16", a->w4a16, "synthetic linears as W4A16 group 128 (lm_head, in_proj_a/b stay bf16)");
+  m->add_option("--w4a8", a->w4a8,
+                "layer classes whose W4A16 linears read int8 inputs (W4A8): none, all, or a list of mlp, "
+                "linear_attn, self_attn")
+      ->capture_default_str();
   m->add_option("--lm-head-dtype", a->lm_head_dtype, "embedding table and lm_head storage: int8 (group 128) or bf16")
       ->capture_default_str();
   m->add_option("--batches", a->o.decode_batches, "decode batch sizes")->delimiter(',')->capture_default_str();

@@ -8,8 +8,8 @@
 
 namespace ds {
 
-Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(const Checkpoint& ck, Ops& ops) {
-  DS_ASSIGN_OR_RETURN(ModelWeights w, load_weights(ck, ops));
+Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(const Checkpoint& ck, Ops& ops, ActInt8Layers a8) {
+  DS_ASSIGN_OR_RETURN(ModelWeights w, load_weights(ck, ops, a8));
   const ModelConfig& c = ck.config();
   DS_LOG_INFO("model", "%s: %d layers (%d GDN, %d attention), hidden %d, vocab %d, MTP %s", ck.dir().c_str(),
               c.num_hidden_layers, c.n_linear_attention_layers(), c.n_full_attention_layers(), c.hidden_size,
@@ -18,8 +18,8 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(const Checkpoint& ck, Ops
 }
 
 Result<std::unique_ptr<Qwen35Model>> Qwen35Model::synthetic(const ModelConfig& config, Ops& ops, bool with_mtp,
-                                                             bool w4a16, uint64_t seed) {
-  DS_ASSIGN_OR_RETURN(ModelWeights w, synthetic_weights(config, ops, with_mtp, w4a16, seed));
+                                                             bool w4a16, uint64_t seed, ActInt8Layers a8) {
+  DS_ASSIGN_OR_RETURN(ModelWeights w, synthetic_weights(config, ops, with_mtp, w4a16, seed, a8));
   return std::unique_ptr<Qwen35Model>(new Qwen35Model(config, std::move(w), ops));
 }
 

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -27,11 +28,22 @@ struct FusedLinear {
 };
 
 // How one part of a FusedLinear is stored at load: dense (group_size 0) or W4A16 packed with
-// group_size (4 bits, no g_idx). Only parts of equal storage can share one weight.
+// group_size (4 bits, no g_idx), and whether it reads int8 inputs (LinearWeight::act_int8). Only
+// parts of equal storage can share one weight.
 struct PartStorage {
   int group_size = 0;
+  bool act_int8 = false;
   bool operator==(const PartStorage&) const = default;
 };
+
+// W4A8 (DESIGN.md §4): the layer classes whose linears published as W4A16 read int8 inputs
+// (LinearWeight::act_int8). The MTP head's attention and MLP follow their classes, its fc not.
+struct ActInt8Layers {
+  bool mlp = false, linear_attn = false, self_attn = false;
+  bool operator==(const ActInt8Layers&) const = default;
+};
+// "none", "all", or a comma-separated list of mlp, linear_attn and self_attn.
+Result<ActInt8Layers> parse_act_int8_layers(const std::string& s);
 
 // The n_parts of each group: consecutive parts of equal storage form one group, a part that
 // differs from the one before starts the next. With fuse false every part is a group of its own.
@@ -89,16 +101,17 @@ struct ModelWeights {
 };
 
 // Reads and checks every tensor the config implies; uploads through `ops`.
-Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops);
+Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops, ActInt8Layers a8 = {});
 // Random weights of the config's exact shapes, drawn on the backend (benchmarks); w4a16 makes
 // every linear but the lm_head and in_proj_a/b W4A16 with group 128, as published checkpoints do.
-Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, bool w4a16, uint64_t seed);
+Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, bool w4a16, uint64_t seed,
+                                       ActInt8Layers a8 = {});
 
 class Qwen35Model {
  public:
-  static Result<std::unique_ptr<Qwen35Model>> load(const Checkpoint& ck, Ops& ops);
+  static Result<std::unique_ptr<Qwen35Model>> load(const Checkpoint& ck, Ops& ops, ActInt8Layers a8 = {});
   static Result<std::unique_ptr<Qwen35Model>> synthetic(const ModelConfig& config, Ops& ops, bool with_mtp,
-                                                        bool w4a16, uint64_t seed);
+                                                        bool w4a16, uint64_t seed, ActInt8Layers a8 = {});
 
   const ModelConfig& config() const { return cfg_; }
   bool has_mtp() const { return w_.mtp.has_value(); }

@@ -26,9 +26,10 @@ class WeightSource {
   virtual Result<Tensor> embedding(const std::string& name, int64_t rows, int64_t cols) = 0;
   // The weights `names` of linears that share one input, part i [rows[i], cols]: each W4A16
   // where the source has it and the backend runs it, else dense; the parts stacked into one
-  // weight per group of group_parts(storage, fuse).
+  // weight per group of group_parts(storage, fuse). act_int8: the parts published as W4A16 (kept
+  // or dequantised) read int8 inputs (LinearWeight::act_int8).
   virtual Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
-                                    int64_t cols, bool fuse) = 0;
+                                    int64_t cols, bool fuse, bool act_int8) = 0;
   // A fp32 parameter published with `shape`, stored as [rows, cols] (cols 0: a vector of rows).
   virtual Result<Tensor> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t rows, int64_t cols,
                              ParamKind kind) = 0;
@@ -44,12 +45,13 @@ class CheckpointSource final : public WeightSource {
   // Every part is read to the host first; a group is stacked there and uploaded once, so the
   // device never holds a part and its group at the same time.
   Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols,
-                            bool fuse) override {
+                            bool fuse, bool act_int8) override {
     std::vector<HostLinear> parts;
     std::vector<PartStorage> storage;
     for (size_t i = 0; i < names.size(); ++i) {
       DS_ASSIGN_OR_RETURN(HostLinear p, read(names[i], rows[i], cols));
-      storage.push_back({p.packed ? p.packed->group_size : 0});
+      const bool published_w4 = p.packed || !p.dequantised.empty();
+      storage.push_back({p.packed ? p.packed->group_size : 0, act_int8 && published_w4});
       parts.push_back(std::move(p));
     }
     FusedLinear f;
@@ -57,7 +59,9 @@ class CheckpointSource final : public WeightSource {
     size_t first = 0;
     for (int n : group_parts(storage, fuse)) {
       const std::span<const HostLinear> group(parts.data() + first, n);
-      f.groups.push_back({storage[first].group_size ? upload_packed(group, cols) : upload_dense(group, cols), n});
+      LinearWeight w = storage[first].group_size ? upload_packed(group, cols) : upload_dense(group, cols);
+      w.act_int8 = storage[first].act_int8;
+      f.groups.push_back({std::move(w), n});
       first += n;
     }
     return f;
@@ -175,12 +179,13 @@ class SyntheticSource final : public WeightSource {
     return t;
   }
   Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols,
-                            bool fuse) override {
+                            bool fuse, bool act_int8) override {
     std::vector<PartStorage> storage;
     for (const std::string& name : names) {
       const bool keep_dense = name == "lm_head.weight" || name.find("in_proj_a") != std::string::npos ||
                               name.find("in_proj_b") != std::string::npos || name.rfind("mtp.", 0) == 0;
-      storage.push_back({w4a16_ && !keep_dense && cols % kGroup == 0 ? kGroup : 0});
+      const int group = w4a16_ && !keep_dense && cols % kGroup == 0 ? kGroup : 0;
+      storage.push_back({group, act_int8 && group > 0});
     }
     FusedLinear f;
     f.rows = rows;
@@ -189,6 +194,7 @@ class SyntheticSource final : public WeightSource {
       int64_t total = 0;
       for (size_t i = first; i < first + n; ++i) total += rows[i];
       LinearWeight w;
+      w.act_int8 = storage[first].act_int8;
       if (storage[first].group_size == 0) {
         w.dense = ops_.alloc(ops_.act_dtype(), {total, cols});  // act [total, cols]
       } else {
@@ -230,15 +236,17 @@ class SyntheticSource final : public WeightSource {
 
 class Loader {
  public:
-  Loader(WeightSource& src, Ops& ops, bool fuse) : src_(src), ops_(ops), fuse_(fuse) {}
+  Loader(WeightSource& src, Ops& ops, bool fuse, ActInt8Layers a8) : src_(src), ops_(ops), fuse_(fuse), a8_(a8) {}
 
-  // A weight matrix handed to the backend's prepare_weight once its values are final.
-  Result<LinearWeight> lin(const std::string& name, int64_t rows, int64_t cols, WeightRole role = WeightRole::kLinear) {
+  // A weight matrix handed to the backend's prepare_weight once its values are final. act_int8:
+  // its layer class reads int8 inputs (ActInt8Layers).
+  Result<LinearWeight> lin(const std::string& name, int64_t rows, int64_t cols, WeightRole role = WeightRole::kLinear,
+                           bool act_int8 = false) {
     LinearWeight w;
     if (role == WeightRole::kEmbedding) {
       DS_ASSIGN_OR_RETURN(w.dense, src_.embedding(name, rows, cols));
     } else {
-      DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused({name}, {rows}, cols, /*fuse=*/false));
+      DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused({name}, {rows}, cols, /*fuse=*/false, act_int8));
       w = std::move(f.groups[0].w);
     }
     ops_.prepare_weight(w, role);
@@ -248,10 +256,10 @@ class Loader {
   // agrees (and fusion is on); prepare_weight once per group weight, as `role` for a group of
   // every part (kGateUp: the MLP's gate and up) and kLinear otherwise.
   Result<FusedLinear> fused(const std::string& p, const std::vector<std::string>& names,
-                            const std::vector<int64_t>& rows, int64_t cols, WeightRole role = WeightRole::kLinear) {
+                            const std::vector<int64_t>& rows, int64_t cols, WeightRole role, bool act_int8) {
     std::vector<std::string> full;
     for (const std::string& n : names) full.push_back(p + n + ".weight");
-    DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused(full, rows, cols, fuse_));
+    DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused(full, rows, cols, fuse_, act_int8));
     for (FusedLinear::Group& g : f.groups)
       ops_.prepare_weight(g.w, g.n_parts == static_cast<int>(names.size()) ? role : WeightRole::kLinear);
     return f;
@@ -260,8 +268,10 @@ class Loader {
 
   Status attention(const std::string& p, const ModelConfig& c, AttnWeights* a) {
     const int64_t H = c.hidden_size, hd = c.head_dim, nH = c.num_attention_heads, nKV = c.num_key_value_heads;
-    DS_ASSIGN_OR_RETURN(a->qkv_proj, fused(p, {"q_proj", "k_proj", "v_proj"}, {nH * hd * 2, nKV * hd, nKV * hd}, H));
-    DS_ASSIGN_OR_RETURN(a->o_proj, lin(p + "o_proj.weight", H, nH * hd));
+    const bool a8 = a8_.self_attn;
+    DS_ASSIGN_OR_RETURN(a->qkv_proj, fused(p, {"q_proj", "k_proj", "v_proj"}, {nH * hd * 2, nKV * hd, nKV * hd}, H,
+                                           WeightRole::kLinear, a8));
+    DS_ASSIGN_OR_RETURN(a->o_proj, lin(p + "o_proj.weight", H, nH * hd, WeightRole::kLinear, a8));
     DS_ASSIGN_OR_RETURN(a->q_norm, norm(p + "q_norm.weight", hd));
     DS_ASSIGN_OR_RETURN(a->k_norm, norm(p + "k_norm.weight", hd));
     return Status();
@@ -269,8 +279,8 @@ class Loader {
 
   Status mlp(const std::string& p, const ModelConfig& c, MlpWeights* m) {
     const int64_t H = c.hidden_size, I = c.intermediate_size;
-    DS_ASSIGN_OR_RETURN(m->gate_up, fused(p, {"gate_proj", "up_proj"}, {I, I}, H, WeightRole::kGateUp));
-    DS_ASSIGN_OR_RETURN(m->down_proj, lin(p + "down_proj.weight", H, I));
+    DS_ASSIGN_OR_RETURN(m->gate_up, fused(p, {"gate_proj", "up_proj"}, {I, I}, H, WeightRole::kGateUp, a8_.mlp));
+    DS_ASSIGN_OR_RETURN(m->down_proj, lin(p + "down_proj.weight", H, I, WeightRole::kLinear, a8_.mlp));
     return Status();
   }
 
@@ -278,12 +288,12 @@ class Loader {
     const int64_t H = c.hidden_size, C = c.conv_dim(), Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
     const int64_t K = c.linear_conv_kernel_dim;
     DS_ASSIGN_OR_RETURN(g->in_proj, fused(p, {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"},
-                                          {C, Hv * dv, Hv, Hv}, H));
+                                          {C, Hv * dv, Hv, Hv}, H, WeightRole::kLinear, a8_.linear_attn));
     DS_ASSIGN_OR_RETURN(g->conv1d, src_.f32(p + "conv1d.weight", {C, 1, K}, C, K, ParamKind::kConv));
     DS_ASSIGN_OR_RETURN(g->a_log, src_.f32(p + "A_log", {Hv}, Hv, 0, ParamKind::kALog));
     DS_ASSIGN_OR_RETURN(g->dt_bias, src_.f32(p + "dt_bias", {Hv}, Hv, 0, ParamKind::kDtBias));
     DS_ASSIGN_OR_RETURN(g->norm, src_.f32(p + "norm.weight", {dv}, dv, 0, ParamKind::kGain));
-    DS_ASSIGN_OR_RETURN(g->out_proj, lin(p + "out_proj.weight", H, Hv * dv));
+    DS_ASSIGN_OR_RETURN(g->out_proj, lin(p + "out_proj.weight", H, Hv * dv, WeightRole::kLinear, a8_.linear_attn));
     return Status();
   }
 
@@ -291,12 +301,14 @@ class Loader {
   WeightSource& src_;
   Ops& ops_;
   bool fuse_;
+  ActInt8Layers a8_;
 };
 
 // Every tensor the config implies, from `src`; the MTP head when with_mtp.
-Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, Ops& ops, bool with_mtp) {
+Result<ModelWeights> build_weights(const ModelConfig& c, WeightSource& src, Ops& ops, bool with_mtp,
+                                   ActInt8Layers a8) {
   const int64_t H = c.hidden_size, V = c.vocab_size;
-  Loader ld(src, ops, fuse_linears_from_env());
+  Loader ld(src, ops, fuse_linears_from_env(), a8);
   ModelWeights w;
   DS_ASSIGN_OR_RETURN(w.embed, ld.lin("model.embed_tokens.weight", V, H, WeightRole::kEmbedding));
   DS_ASSIGN_OR_RETURN(w.final_norm, ld.norm("model.norm.weight", H));
@@ -355,15 +367,35 @@ bool fuse_linears_from_env() {
   return !(env && std::string(env) == "0");
 }
 
-Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops) {
-  CheckpointSource src(ck, ops);
-  // The MTP head is optional; when any mtp.* tensor exists, all of them must.
-  return build_weights(ck.config(), src, ops, ck.has_prefix("mtp."));
+Result<ActInt8Layers> parse_act_int8_layers(const std::string& s) {
+  ActInt8Layers a;
+  if (s == "none" || s.empty()) return a;
+  if (s == "all") return ActInt8Layers{true, true, true};
+  size_t begin = 0;
+  while (begin <= s.size()) {
+    const size_t end = std::min(s.find(',', begin), s.size());
+    const std::string word = s.substr(begin, end - begin);
+    if (word == "mlp") a.mlp = true;
+    else if (word == "linear_attn") a.linear_attn = true;
+    else if (word == "self_attn") a.self_attn = true;
+    else
+      return invalid_argument("W4A8 layers: '" + word +
+                                      "' is not one of mlp, linear_attn, self_attn (or 'all', 'none')");
+    begin = end + 1;
+  }
+  return a;
 }
 
-Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, bool w4a16, uint64_t seed) {
+Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops, ActInt8Layers a8) {
+  CheckpointSource src(ck, ops);
+  // The MTP head is optional; when any mtp.* tensor exists, all of them must.
+  return build_weights(ck.config(), src, ops, ck.has_prefix("mtp."), a8);
+}
+
+Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, bool w4a16, uint64_t seed,
+                                       ActInt8Layers a8) {
   SyntheticSource src(ops, w4a16, seed);
-  return build_weights(config, src, ops, with_mtp);
+  return build_weights(config, src, ops, with_mtp, a8);
 }
 
 }  // namespace ds

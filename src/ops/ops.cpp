@@ -42,6 +42,7 @@ void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> 
   }
   DS_ASSERT(!w.quantized() || w.format == WeightFormat::kW4A16,
             "%s: linear_parts cuts only dense or raw W4A16 weights into rows; this format needs an override", name());
+  const Tensor xd = !w.quantized() && w.act_int8 ? act_int8_input(x) : x;  // the dense parts' input
   int64_t r = 0;  // first weight row of the part
   for (const Tensor& out : outs) {
     const int64_t n = out.dim(1);
@@ -51,7 +52,7 @@ void Ops::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> 
       part.scales = w.scales.rows(r, n);  // f32 [n, K/group]
       linear_quantized(x, part, out);
     } else {
-      linear(x, w.dense.rows(r, n), out);  // act [n, K]
+      linear(xd, w.dense.rows(r, n), out);  // act [n, K]
     }
     r += n;
   }

@@ -45,6 +45,10 @@ struct LinearWeight {
   // of the first half, then the same rows of the second, so a GEMV lane holds the gate and up
   // values of one output (CudaOps::linear_swiglu).
   bool paired = false;
+  // W4A8: the linear's inputs are rounded to int8, each token's 64-column chunk with its own scale
+  // (ops/act_int8.h), for int8 tensor cores. The CUDA W4A16 GEMV does so where it can
+  // (cuda::w4a16_gemv_takes_a8: decode-sized steps); the CPU backend rounds every input alike.
+  bool act_int8 = false;
   bool quantized() const { return group_size > 0; }
 };
 
@@ -140,11 +144,15 @@ class Ops {
   virtual void linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
     DS_FATAL("%s has no quantized linear", name());
   }
+  // The input a dense weight with act_int8 reads: x rounded to int8 as ops/act_int8.h does (CPU),
+  // or x itself on a backend that rounds only inside its quantized GEMVs (CUDA).
+  virtual Tensor act_int8_input(Tensor x) { return x; }
   // out act [T, N] = x act [T, K] . W^T for a LinearWeight in whichever form prepare_weight left
-  // it: linear for a dense one, linear_quantized otherwise.
+  // it: linear for a dense one (its input through act_int8_input with act_int8), linear_quantized
+  // otherwise.
   void linear_weight(Tensor x, const LinearWeight& w, Tensor out) {
     if (w.quantized()) linear_quantized(x, w, out);
-    else linear(x, w.dense, out);
+    else linear(w.act_int8 ? act_int8_input(x) : x, w.dense, out);
   }
   // outs[i] act [T, N_i] = x act [T, K] . W[r_i, r_i + N_i)^T, where w [sum N_i, K] holds the rows
   // of several linears that share the input x, in order (fused at load, model/qwen3_5.h

@@ -68,7 +68,8 @@ Status load_folder(const ServeOptions& o, ServedModel& m, std::vector<int32_t>& 
 
   DS_ASSIGN_OR_RETURN(m.ck, Checkpoint::open(o.model_dir));
   DS_ASSIGN_OR_RETURN(m.ops, make_backend(o.device));
-  DS_ASSIGN_OR_RETURN(m.model, Qwen35Model::load(*m.ck, *m.ops));
+  DS_ASSIGN_OR_RETURN(ActInt8Layers a8, parse_act_int8_layers(o.w4a8));
+  DS_ASSIGN_OR_RETURN(m.model, Qwen35Model::load(*m.ck, *m.ops, a8));
   const ModelConfig& cfg = m.model->config();
   eos.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
   if (m.tokenizer->eos_id()) eos.push_back(*m.tokenizer->eos_id());
@@ -118,7 +119,8 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeOptions& o) {
     if (o.served_model_name.empty()) m->name = "synthetic-" + fs::path(o.synthetic_config).stem().string();
     DS_ASSIGN_OR_RETURN(m->tokenizer, synthetic_tokenizer(cfg.vocab_size));
     DS_ASSIGN_OR_RETURN(m->ops, make_backend(o.device));
-    DS_ASSIGN_OR_RETURN(m->model, Qwen35Model::synthetic(cfg, *m->ops, /*with_mtp=*/false, o.synthetic_w4a16, 1));
+    DS_ASSIGN_OR_RETURN(ActInt8Layers a8, parse_act_int8_layers(o.w4a8));
+    DS_ASSIGN_OR_RETURN(m->model, Qwen35Model::synthetic(cfg, *m->ops, /*with_mtp=*/false, o.synthetic_w4a16, 1, a8));
     eos.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
   } else {
     DS_RETURN_IF_ERROR(load_folder(o, *m, eos));

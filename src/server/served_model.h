@@ -19,6 +19,7 @@ struct ServeOptions {
   std::string model_dir;
   std::string synthetic_config;   // non-empty: random weights of this config.json's shapes, no folder
   bool synthetic_w4a16 = false;   // synthetic linears as W4A16 (GPU backends)
+  std::string w4a8 = "none";      // layer classes whose W4A16 linears read int8 inputs (parse_act_int8_layers)
   std::string served_model_name;  // default: the folder's name
   std::string device = "auto";
   std::string host = "127.0.0.1";

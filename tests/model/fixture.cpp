@@ -41,14 +41,14 @@ Reference load_reference(const std::string& name) {
 }
 
 Engine make_engine(const std::string& name, int n_slots, int n_blocks, int block_size, bool bf16_activations,
-                   bool int8_vocab) {
+                   bool int8_vocab, ActInt8Layers a8) {
   Engine e;
   auto ck = Checkpoint::open(fixture_dir(name));
   EXPECT_TRUE(ck.ok()) << ck.status().message();
   e.ck = std::move(ck.value());
   e.ops = std::make_unique<CpuOps>(bf16_activations);
   e.ops->set_int8_vocab(int8_vocab);
-  auto model = Qwen35Model::load(*e.ck, *e.ops);
+  auto model = Qwen35Model::load(*e.ck, *e.ops, a8);
   EXPECT_TRUE(model.ok()) << model.status().message();
   e.model = std::move(model.value());
   e.runner = std::make_unique<Runner>(*e.model, *e.ops, RunnerOptions{n_blocks, block_size, n_slots});

@@ -31,9 +31,10 @@ struct Engine {
   std::unique_ptr<Qwen35Model> model;
   std::unique_ptr<Runner> runner;
 };
-// int8_vocab: the CPU twin of the CUDA int8 embedding / lm_head tables (CpuOps::set_int8_vocab).
+// int8_vocab: the CPU twin of the CUDA int8 embedding / lm_head tables (CpuOps::set_int8_vocab);
+// a8: the layer classes whose W4A16 linears read int8 inputs (W4A8).
 Engine make_engine(const std::string& name, int n_slots = 4, int n_blocks = 64, int block_size = 16,
-                   bool bf16_activations = false, bool int8_vocab = false);
+                   bool bf16_activations = false, bool int8_vocab = false, ActInt8Layers a8 = {});
 
 // max |a - b| / std(b): the parity metric of the Foundation issue.
 double max_err_over_std(const std::vector<float>& a, const std::vector<float>& b);

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/gdn_ref.h"
 #include "core/thread_pool.h"
+#include "ops/act_int8.h"
 #include "ops/int8_rows.h"
 #include "ops/random_fill.h"
 
@@ -153,6 +154,16 @@ void CpuOps::linear(Tensor x, Tensor w, Tensor out) {
     }
   });
   round_act(out);
+}
+
+Tensor CpuOps::act_int8_input(Tensor x) {
+  const int64_t T = x.dim(0), K = x.dim(1);
+  DS_ASSERT(K % kActInt8Chunk == 0, "int8 inputs: x%s is not made of %d-column chunks", x.shape_str().c_str(),
+            kActInt8Chunk);
+  Tensor r = scratch(DType::kF32, {T, K});
+  std::memcpy(r.f32(), x.f32(), size_t(T * K) * sizeof(float));
+  round_act_int8(r.f32(), T, K);
+  return r;
 }
 
 void CpuOps::add(Tensor x, Tensor y) {

@@ -46,6 +46,7 @@ class CpuOps final : public Ops {
   void embedding(const LinearWeight& table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
+  Tensor act_int8_input(Tensor x) override;
   void add(Tensor x, Tensor y) override;
   void scale_rows(Tensor out, const RowScale& s, int64_t D) override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
