@@ -6,7 +6,8 @@
 // GEMV's epilogue (linear_swiglu); the int8 group-128 lm_head (GEMV for
 // T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against CpuOps' int8
 // twin; Ops::linear_add_rms_norm's deferred norm (the GEMV epilogues) against the separate kernels
-// and the CPU. Figures: the streaming ceilings of the GEMVs' ways of reading weights, and timings
+// and the CPU; W4A8 (int8 inputs) against the CPU's rounding of its inputs. Figures: the
+// streaming ceilings of the GEMVs' ways of reading weights, and timings
 // at the Qwen3.8-27B shapes.
 // Skipped where there is no GPU.
 #include <gtest/gtest.h>
@@ -231,6 +232,98 @@ TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
       cpu.reset_scratch();
     }
   }
+}
+
+// W4A8 (LinearWeight::act_int8): the one-tile TMA GEMV rounds its staged inputs to int8, each
+// token's 64-column chunk with its own scale, and sums on int8 tensor cores. Against the CPU twin
+// (the same weight, dense, with act_int8: ops/act_int8.h rounds its inputs; bf16 activations, so a
+// gated input is rounded to bf16 first as on the GPU), closer to it than to the linear of
+// unrounded inputs, so the rounding did take place: split launches of 1 to 4 tokens, short units,
+// groups 64 to 512, gated inputs. Launches that do not take int8 inputs (cuda::w4a16_gemv_takes_a8:
+// unsplit ones such as the 27B's gate_up, 8 tokens) are held to the plain twin.
+TEST_F(CudaLinearQuantTest, W4A8MatchesCpu) {
+  if (!cuda::w4a16_gemv_tma()) GTEST_SKIP() << "W4A8 takes the TMA GEMV (sm_90)";
+  struct Shape {
+    int N, K, group;
+    bool paired = false;
+    int gate = -1;  // GateAct, or -1: none
+  };
+  const int silu = static_cast<int>(GateAct::kSiluMul), sigm = static_cast<int>(GateAct::kMulSigmoid);
+  CpuOps twin(/*bf16_activations=*/true);
+  int n_a8 = 0;
+  for (const Shape& sh : std::vector<Shape>{{96, 128, 128},
+                                            {2000, 256, 128},
+                                            {200, 384, 128},
+                                            {1000, 5120, 128},
+                                            {328, 17408, 128},
+                                            {24, 640, 128},
+                                            {72, 512, 64},
+                                            {40, 1024, 256},
+                                            {56, 1536, 512},
+                                            {30000, 2560, 128},
+                                            {34816, 5120, 128, true},
+                                            {200, 1024, 128, false, silu},
+                                            {200, 1024, 128, false, sigm},
+                                            {5120, 17408, 128, false, silu}}) {
+    const int N = sh.N, K = sh.K, out_cols = sh.paired ? N / 2 : N;
+    W4Case c = make_w4(*gpu, rng, N, K, sh.group, sh.paired ? WeightRole::kGateUp : WeightRole::kLinear);
+    c.gpu_w.act_int8 = true;
+    LinearWeight w_cpu;
+    w_cpu.dense = twin.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+    for (int T : {1, 2, 4, 8}) {
+      const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " g" + std::to_string(sh.group) +
+                               " T" + std::to_string(T) + (sh.gate < 0 ? "" : " gated " + std::to_string(sh.gate));
+      const bool fused_gate = sh.gate >= 0 && cuda::w4a16_gemv_gates_input(T, N, K, sh.group);  // as CudaOps
+      const bool a8 = cuda::w4a16_gemv_takes_a8(T, N, K, sh.group, fused_gate);
+      n_a8 += a8;
+      const std::vector<float> x = random_bf16(size_t(T) * K, rng), xb = random_bf16(size_t(T) * K, rng);
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor xbg = gpu->upload(xb.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor og = gpu->scratch(DType::kBF16, {T, out_cols});
+      auto run_gpu = [&] {
+        if (sh.paired) {
+          Tensor gate = gpu->scratch(DType::kBF16, {T, out_cols}), up = gpu->scratch(DType::kBF16, {T, out_cols});
+          gpu->linear_swiglu(xg, c.gpu_w, gate, up, og);
+        } else if (sh.gate >= 0) {
+          // gated_linear may overwrite its first input: a fresh copy each run
+          Tensor a = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+          gpu->gated_linear(a, xbg, static_cast<GateAct>(sh.gate), c.gpu_w, og);
+        } else {
+          gpu->linear_weight(xg, c.gpu_w, og);
+        }
+        return download(og);
+      };
+      // The CPU twin with int8 inputs (rounded) and without (plain).
+      auto run_cpu = [&](bool rounded) {
+        w_cpu.act_int8 = rounded;
+        Tensor xc = twin.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+        Tensor oc = twin.scratch(DType::kF32, {T, out_cols});
+        if (sh.paired) {
+          Tensor gc = twin.scratch(DType::kF32, {T, out_cols}), uc = twin.scratch(DType::kF32, {T, out_cols});
+          twin.linear_swiglu(xc, w_cpu, gc, uc, oc);
+        } else if (sh.gate >= 0) {
+          twin.gated_linear(xc, twin.upload(xb.data(), DType::kF32, {T, K}, DType::kF32),
+                            static_cast<GateAct>(sh.gate), w_cpu, oc);
+        } else {
+          twin.linear_weight(xc, w_cpu, oc);
+        }
+        return std::vector<float>(oc.f32(), oc.f32() + oc.numel());
+      };
+      const std::vector<float> got = run_gpu(), ref = run_cpu(true), plain = run_cpu(false);
+      const double err = rel_rms(got, ref), err_plain = rel_rms(got, plain);
+      if (a8) {
+        EXPECT_LE(err, 3e-3) << what;
+        EXPECT_LT(err, 0.5 * err_plain) << what << ": no closer to the int8 inputs than to the plain ones";
+      } else {
+        EXPECT_LE(err_plain, 5e-3) << what << " (bf16 inputs)";
+      }
+      EXPECT_EQ(run_gpu(), got) << what << " repeated";
+      gpu->reset_scratch();
+      twin.reset_scratch();
+    }
+  }
+  // The split launches (K from 1,024 here) take int8 inputs at 1, 2 and 4 tokens.
+  EXPECT_GE(n_a8, 3 * 5) << "launches with int8 inputs";
 }
 
 // A fused W4A16 weight (Ops::linear_parts): one GEMV writes parts whose widths are not

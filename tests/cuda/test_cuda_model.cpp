@@ -1,7 +1,7 @@
 // The CUDA backend end to end on every fixture: logits against transformers' fp32 reference
 // within bf16 tolerance, greedy continuations equal where the reference margin is clear of
-// bf16 noise, chunked prefill against one-piece prefill, and programmatic dependent launch
-// against none. Skipped where there is no GPU.
+// bf16 noise, chunked prefill against one-piece prefill, programmatic dependent launch against
+// none, and W4A8 end to end. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -26,7 +26,8 @@ struct GpuEngine {
 
 // int8_vocab off by default here: these tests hold the model math to the bf16 baseline; the
 // int8 tables are checked against the CPU twin (CudaDemoModel.Int8VocabWithinBf16OfCpuTwin).
-GpuEngine make_gpu_engine(const std::string& name, StateDType state = StateDType::kF16, bool int8_vocab = false) {
+GpuEngine make_gpu_engine(const std::string& name, StateDType state = StateDType::kF16, bool int8_vocab = false,
+                          ActInt8Layers a8 = {}) {
   GpuEngine e;
   auto ck = Checkpoint::open(fixture_dir(name));
   EXPECT_TRUE(ck.ok()) << ck.status().message();
@@ -35,7 +36,7 @@ GpuEngine make_gpu_engine(const std::string& name, StateDType state = StateDType
   o.state_dtype = state;
   o.int8_vocab = int8_vocab;
   e.ops = std::make_unique<CudaOps>(o);
-  auto model = Qwen35Model::load(*e.ck, *e.ops);
+  auto model = Qwen35Model::load(*e.ck, *e.ops, a8);
   EXPECT_TRUE(model.ok()) << model.status().message();
   e.model = std::move(model.value());
   e.runner = std::make_unique<Runner>(*e.model, *e.ops, RunnerOptions{64, 16, 4});
@@ -141,6 +142,21 @@ TEST_P(CudaModel, PdlChangesNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaModel, ::testing::ValuesIn(fixture_names()));
+
+// W4A8 (every layer class) end to end on the W4A16 fixture, in steps of 1 and 4 tokens. Its
+// linears are too narrow for split launches, so none takes int8 inputs
+// (cuda::w4a16_gemv_takes_a8; W4A8MatchesCpu holds the launches that do to the CPU twin): the
+// flagged weights go through loading and every dispatch, and give the plain logits bit for bit.
+TEST(CudaModelW4A8, UnsplitLaunchesKeepBf16Inputs) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const std::string name = "tiny_w4a16";
+  const std::vector<int32_t> ids = load_reference(name).prompt_ids;
+  GpuEngine plain = make_gpu_engine(name, StateDType::kF32);
+  GpuEngine a8 = make_gpu_engine(name, StateDType::kF32, false, parse_act_int8_layers("all").value());
+  const int I = a8.model->config().intermediate_size;
+  EXPECT_FALSE(cuda::w4a16_gemv_takes_a8(1, a8.model->config().hidden_size, I, 128, false)) << "down_proj";
+  for (int chunk : {1, 4}) EXPECT_EQ(gpu_prefill(a8, ids, chunk), gpu_prefill(plain, ids, chunk)) << "chunk " << chunk;
+}
 
 // The held-out prompt of the demo model's reference (tests/data/demo_reference); empty if missing.
 std::vector<int32_t> demo_prompt() {

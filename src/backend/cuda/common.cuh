@@ -21,6 +21,13 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 // shares (silu_mul, paired_rows, the GEMV's staged input and its swiglu epilogue).
 __device__ __forceinline__ __nv_bfloat16 swiglu_bf16(float gate, float up) { return to_bf16(silu_f(gate) * up); }
 
+// The 8 bf16 values packed in raw, in fp32.
+__device__ __forceinline__ void unpack8(const uint4& raw, float* f) {
+  const auto* b = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = to_f32(b[e]);
+}
+
 // op(a_i, b_i) for the 8 bf16 values packed in each of a and b, in fp32: op takes two floats and
 // returns the bf16 to store (its own rounding).
 template <class Op>

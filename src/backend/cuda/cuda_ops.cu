@@ -554,8 +554,9 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
       cuda::GemvOut o = out.from_token(t0);
       if (scale_after) o.norm = {};
       const bf16* xb_t = xb ? static_cast<const bf16*>(xb) + int64_t(t0) * K : nullptr;
+      const bool a8 = w.act_int8 && cuda::w4a16_gemv_takes_a8(n, N, K, w.group_size, gate != cuda::GemvGate::kNone);
       cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, o, partial, impl_->gemv_counters, splits, n, N, K,
-                              w.group_size, impl_->stream, xb_t, gate);
+                              w.group_size, impl_->stream, xb_t, gate, a8);
     }
   } else {
     // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each

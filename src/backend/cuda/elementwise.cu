@@ -40,12 +40,6 @@ __global__ void embedding_kernel(const bf16* table, const int32_t* ids, bf16* ou
 // block per row. Each thread holds at most kMaxVec vectors.
 constexpr int kMaxVec = 4;
 
-__device__ __forceinline__ void unpack8(const uint4& raw, float* f) {
-  const bf16* b = reinterpret_cast<const bf16*>(&raw);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) f[e] = to_f32(b[e]);
-}
-
 // What the vector norm kernel does around the RMSNorm: nothing, gate the output by act(aux)
 // (aux = z), or first add aux to x and store the sum to `sum` (aux = y, sum = x for the in-place
 // residual add; the norm is of the bf16 sum as stored).

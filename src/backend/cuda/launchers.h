@@ -215,11 +215,18 @@ bool w4a16_gemv_norms_output(int T, int N, int K, int group, bool gated);
 bool w4a16_gemv_scales_output(int T);
 // Whether a W4A16 GEMV launch of T tokens can write a swiglu output (GemvOut: one token tile).
 bool w4a16_gemv_writes_swiglu(int T);
+// Whether a launch of T tokens of a W4A16 GEMV of N rows (gated: its input gated) can take int8
+// inputs (W4A8, LinearWeight::act_int8): a split launch of the one-tile TMA kernel of at most
+// 4 tokens (within w4a16_gemv_tokens) whose int8 inputs fit beside its rings (qgemv_tma.cuh,
+// tma_a8_fits).
+bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
-// With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input.
+// With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input. a8 (where
+// w4a16_gemv_takes_a8): the inputs are quantised to int8 in the launch, each token's 64-column
+// chunk with its own scale (ops/act_int8.h), for int8 tensor cores.
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
-                       GemvGate gate = GemvGate::kNone);
+                       GemvGate gate = GemvGate::kNone, bool a8 = false);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T). paired (N % 16 == 0): the
 // rows of a paired weight's blocks as the two halves, w [0, N/2) and [N/2, N).
 void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, bool paired, cudaStream_t s);

@@ -18,6 +18,12 @@
 // gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the separate
 // kernels do, so the model's gated linears need no kernel of their own); otherwise each lane reads
 // them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
+//
+// W4A8 (A8, one token tile): the block stages its inputs in shared memory as int8, each token's
+// 64-column chunk with its own scale (max |x| / 127, round to nearest even: ops/act_int8.h is the
+// CPU twin), and the int4 codes become int8 (16 q) by two logic operations a word, for int8 mma
+// (m16n8k32, exact int32 sums a chunk) where W4A16 spends about a dozen instructions a word on
+// bf16 values. A8 launches are split ones of up to kA8MaxTokens tokens (tma_a8_fits).
 #pragma once
 
 #include <cstdlib>
@@ -174,6 +180,44 @@ __device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* 
     }
 }
 
+// A8: the int4 codes of word w (nibbles 0, 2, 4, 6: row g; 1, 3, 5, 7: row g + 8; stored q + 8)
+// as int8 16 q, rows g and g + 8, columns in the order 0, 2, 1, 3 of the word's 4 (the order the
+// staged inputs follow, stage_inputs8).
+__device__ __forceinline__ uint32_t codes_row_g(uint32_t w) { return ((w << 4) & 0xF0F0F0F0u) ^ 0x80808080u; }
+__device__ __forceinline__ uint32_t codes_row_g8(uint32_t w) { return (w & 0xF0F0F0F0u) ^ 0x80808080u; }
+
+// A8: acc += V chunks of a stage (as stage_chunks, one token tile). xv[v]: the lane's 16 int8
+// inputs of chunk u0 + v (its token lane / 4); xs[v]: the chunk's input scales of tokens 2 q4 and
+// 2 q4 + 1 (with the 1/16 of the codes).
+template <int V>
+__device__ __forceinline__ void stage_chunks8(const uint4* chunks, const float2* scales, int u0, int lane,
+                                              const uint4 (&xv)[V], const float2 (&xs)[V],
+                                              const int (&soff)[kUnitChunks], float (&acc)[1][4]) {
+  uint4 wv[V];
+  float2 sv[V];
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    wv[v] = chunks[(u0 + v) * 32 + lane];
+    sv[v] = scales[soff[u0 + v] + lane / 4];
+  }
+  int p[V][4] = {};
+#pragma unroll
+  for (int st = 0; st < 2; ++st)  // mma step st: words 2 st and 2 st + 1 (columns 8 st .. of the lane's 16)
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+      const uint32_t w0 = word_of(wv[v], 2 * st), w1 = word_of(wv[v], 2 * st + 1);
+      const uint32_t a[4] = {codes_row_g(w0), codes_row_g8(w0), codes_row_g(w1), codes_row_g8(w1)};
+      mma_s8(p[v], a, word_of(xv[v], 2 * st), word_of(xv[v], 2 * st + 1));
+    }
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    acc[0][0] += (sv[v].x * xs[v].x) * float(p[v][0]);
+    acc[0][1] += (sv[v].x * xs[v].y) * float(p[v][1]);
+    acc[0][2] += (sv[v].y * xs[v].x) * float(p[v][2]);
+    acc[0][3] += (sv[v].y * xs[v].y) * float(p[v][3]);
+  }
+}
+
 // The inputs a block copies with XSmem: bf16 [T][x_stride] from the block's first chunk, the rows
 // 16 bytes longer than the most chunks a block of `splits` takes from K, so the 8 rows a warp
 // reads at once fall in different banks.
@@ -192,11 +236,18 @@ constexpr int kOneUnitGatedMaxTokens = 4;
 inline size_t tma_x_rows_bytes(int T, int K, int splits) {
   return size_t(T) * tma_x_stride(K, splits) * sizeof(__nv_bfloat16);
 }
+// A8: the staged inputs are int8 [T][x8_stride] bytes (16 past the block's most chunks, for the
+// banks as above), then their scales f32 [the block's chunks][8 tokens].
+inline int tma_x8_stride(int K, int splits) { return (tma_x_stride(K, splits) - 8) + 16; }
+inline size_t tma_x8_bytes(int T, int K, int splits) {
+  const int chunks = tma_x_stride(K, splits) / kChunk;
+  return size_t(T) * tma_x8_stride(K, splits) + size_t(chunks) * 8 * sizeof(float);
+}
 // A block's shared memory with XSmem (one token tile): the rings and T rows of inputs.
-inline size_t tma_x_smem_bytes(XSmemForm form, int T, int K, int splits, int unit_bytes) {
+inline size_t tma_x_smem_bytes(XSmemForm form, int T, int K, int splits, int unit_bytes, bool a8 = false) {
   const size_t rings = form == XSmemForm::kOneUnitStages ? tma_ring_bytes_of(kOneUnitXSmemStages, 1, unit_bytes, kWarps)
                                                        : tma_ring_bytes(1, unit_bytes);
-  return rings + tma_x_rows_bytes(T, K, splits);
+  return rings + (a8 ? tma_x8_bytes(T, K, splits) : tma_x_rows_bytes(T, K, splits));
 }
 
 // 8 gated inputs: silu(a) * b (GemvGate::kSiluMul) or a * sigmoid(b) (kMulSigmoid), in fp32,
@@ -245,17 +296,71 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
   }
 }
 
+// A8: the block's inputs for chunks [c_begin, c_end) of every token, gated with G, quantised
+// into x8 (int8 [T][x8_stride]) and xsc (f32 [chunks][8]: max |x| / (127 16) of each token's
+// chunk, 0 for tokens from T). A thread takes 8 inputs a piece (a chunk is 8 consecutive lanes,
+// which share its maximum by shuffles), stored in the column order 0, 2, 1, 3 of each 4
+// (codes_row_g); its kPiecesInFlight pieces' loads are issued before any is used, so a block pays
+// one L2 round trip per kPiecesInFlight pieces a thread, not one per piece.
+constexpr int kPiecesInFlight = 4;
+template <GemvGate G>
+__device__ __forceinline__ void stage_inputs8(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
+                                              unsigned char* x8, int x8_stride, float* xsc, int T, int K, int c_begin,
+                                              int c_end) {
+  const int row = (c_end - c_begin) * kChunk / 8;  // pieces of 8 inputs in a token's row
+  const int total = T * row, lane = threadIdx.x % 32;
+  for (int i = threadIdx.x; i < (c_end - c_begin) * 8; i += blockDim.x)
+    if (i % 8 >= T) xsc[i] = 0.f;
+  // Whole warps take each turn (blockDim.x and row are multiples of 8), for the shuffles.
+  for (int base = threadIdx.x - lane; base < total; base += kPiecesInFlight * blockDim.x) {
+    uint4 v[kPiecesInFlight], vb[kPiecesInFlight];
+#pragma unroll
+    for (int b = 0; b < kPiecesInFlight; ++b) {
+      const int i = base + b * blockDim.x + lane;
+      if (i >= total) continue;
+      const int64_t at = int64_t(i / row) * K + int64_t(c_begin) * kChunk + 8 * (i % row);
+      v[b] = __ldg(reinterpret_cast<const uint4*>(x + at));
+      if constexpr (G != GemvGate::kNone) vb[b] = __ldg(reinterpret_cast<const uint4*>(xb + at));
+    }
+#pragma unroll
+    for (int b = 0; b < kPiecesInFlight; ++b) {
+      if (base + b * blockDim.x >= total) break;  // the same for the whole warp
+      const int i = base + b * blockDim.x + lane, t = i / row, e = i % row;
+      float f[8] = {};
+      if (i < total) {
+        if constexpr (G != GemvGate::kNone) v[b] = gate8<G>(v[b], vb[b]);
+        unpack8(v[b], f);
+      }
+      float amax = 0.f;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(f[k]));
+#pragma unroll
+      for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      if (i >= total) continue;
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      uint32_t q[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) q[k] = static_cast<uint32_t>(__float2int_rn(f[k] * inv)) & 0xFFu;
+      *reinterpret_cast<uint2*>(x8 + t * x8_stride + 8 * e) =
+          make_uint2(q[0] | q[2] << 8 | q[1] << 16 | q[3] << 24, q[4] | q[6] << 8 | q[5] << 16 | q[7] << 24);
+      if (e % 8 == 0) xsc[(e / 8) * 8 + t] = amax / (127.f * 16.f);
+    }
+  }
+}
+
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
 // x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
 // MaxThreads: kWarps warps, or up to kNarrowMaxWarps (the blocks of unsplit launches at one token).
+// A8: int8 inputs (stage_inputs8; x_stride is then tma_x8_stride, in bytes).
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT), int MaxThreads = kWarps * 32>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32, bool A8 = false>
 __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
                      int x_stride) {
   static_assert(G == GemvGate::kNone || XSmem, "inputs are gated while they are staged");
+  static_assert(!A8 || (XSmem && NT == 1 && !XAhead), "int8 inputs are staged, one token tile");
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
@@ -296,7 +401,12 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
 
-  if constexpr (XSmem) {
+  unsigned char* x8 = reinterpret_cast<unsigned char*>(x_smem);  // A8: int8 [T][x_stride], then
+  float* xsc = reinterpret_cast<float*>(x8 + T * x_stride);        // the scales f32 [chunks][8]
+  if constexpr (A8) {
+    stage_inputs8<G>(x, xb, x8, x_stride, xsc, T, K, c_begin, c_end);
+    __syncthreads();
+  } else if constexpr (XSmem) {
     stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end);
     __syncthreads();
   }
@@ -323,43 +433,84 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   auto unit_chunks = [&](int slot, int su) {
     return reinterpret_cast<const uint4*>(rings + slot * stage_bytes + su * w.unit_bytes + w.slots * kSlotBytes);
   };
-  for (int i = 0; i < my_stages; ++i) {
-    const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
-    if (n == SC) {
-      if constexpr (XAhead) {
-        uint4 xv[kUnitChunks][NT][2];
-        load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
-        mbar_wait(&full[slot], (i / S) & 1);
-#pragma unroll
-        for (int u0 = 0; u0 < kUnitChunks; u0 += V)
-          stage_chunks<NT, V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
-                              reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
-      } else {
+  if constexpr (A8) {
+    // The lane's token row (lanes past T read the last token's) and its tokens' scales.
+    const unsigned char* x8p = x8 + min(lane / 4, T - 1) * x_stride + 16 * (lane % 4);
+    const float* xsp = xsc + 2 * (lane % 4);
+    auto inputs8 = [&](int q, uint4& xv, float2& xs) {  // chunk q of the stage
+      xv = *reinterpret_cast<const uint4*>(x8p + q * kChunk);
+      xs = *reinterpret_cast<const float2*>(xsp + q * 8);
+    };
+    for (int i = 0; i < my_stages; ++i) {
+      const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
+      if (n == SC) {
         mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
         for (int su = 0; su < SU; ++su)
 #pragma unroll
           for (int u0 = 0; u0 < kUnitChunks; u0 += V) {
-            uint4 xv[V][NT][2];
-            load_inputs<NT, V, XSmem>(xs, su * kUnitChunks + u0, xv);
-            stage_chunks<NT, V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, soff, acc);
+            uint4 xv[V];
+            float2 xs[V];
+#pragma unroll
+            for (int v = 0; v < V; ++v) inputs8(su * kUnitChunks + u0 + v, xv[v], xs[v]);
+            stage_chunks8<V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, xs, soff, acc);
+          }
+      } else {  // a warp's last stage, at the end of K: n < SC
+        mbar_wait(&full[slot], (i / S) & 1);
+#pragma unroll
+        for (int q = 0; q < SC - 1; ++q)
+          if (q < n) {
+            uint4 xv[1];
+            float2 xs[1];
+            inputs8(q, xv[0], xs[0]);
+            stage_chunks8<1>(unit_chunks(slot, q / kUnitChunks), unit_scales(slot, q / kUnitChunks), q % kUnitChunks,
+                             lane, xv, xs, soff, acc);
           }
       }
-    } else {  // a warp's last stage, at the end of K: n < SC
-      mbar_wait(&full[slot], (i / S) & 1);
-#pragma unroll
-      for (int q = 0; q < SC - 1; ++q)
-        if (q < n) {
-          uint4 xv[1][NT][2];
-          load_inputs<NT, 1, XSmem>(xs, q, xv);
-          stage_chunks<NT, 1>(unit_chunks(slot, q / kUnitChunks), unit_scales(slot, q / kUnitChunks),
-                              q % kUnitChunks, lane, xv, soff, acc);
-        }
+      __syncwarp();  // every lane has read the slot before it is refilled
+      if (lane == 0 && i + S < my_stages) request(warp, i + S);
+      x8p += SC * kChunk;
+      xsp += SC * 8;
     }
-    __syncwarp();  // every lane has read the slot before it is refilled
-    if (lane == 0 && i + S < my_stages) request(warp, i + S);
+  } else {
+    for (int i = 0; i < my_stages; ++i) {
+      const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
+      if (n == SC) {
+        if constexpr (XAhead) {
+          uint4 xv[kUnitChunks][NT][2];
+          load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
+          mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
+          for (int u0 = 0; u0 < kUnitChunks; u0 += V)
+            stage_chunks<NT, V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
+                                reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
+        } else {
+          mbar_wait(&full[slot], (i / S) & 1);
+#pragma unroll
+          for (int su = 0; su < SU; ++su)
+#pragma unroll
+            for (int u0 = 0; u0 < kUnitChunks; u0 += V) {
+              uint4 xv[V][NT][2];
+              load_inputs<NT, V, XSmem>(xs, su * kUnitChunks + u0, xv);
+              stage_chunks<NT, V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, soff, acc);
+            }
+        }
+      } else {  // a warp's last stage, at the end of K: n < SC
+        mbar_wait(&full[slot], (i / S) & 1);
+#pragma unroll
+        for (int q = 0; q < SC - 1; ++q)
+          if (q < n) {
+            uint4 xv[1][NT][2];
+            load_inputs<NT, 1, XSmem>(xs, q, xv);
+            stage_chunks<NT, 1>(unit_chunks(slot, q / kUnitChunks), unit_scales(slot, q / kUnitChunks),
+                                q % kUnitChunks, lane, xv, soff, acc);
+          }
+      }
+      __syncwarp();  // every lane has read the slot before it is refilled
+      if (lane == 0 && i + S < my_stages) request(warp, i + S);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
+    }
   }
   // out.norm: every one-tile launch (w4a16_gemv_norms_output, w4a16_gemv_scales_output).
   store_results<NT, NT == 1>(acc, out, partial, counters, T, N, blockIdx.x * warps + warp, lane);
@@ -368,11 +519,11 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT), int MaxThreads = kWarps * 32>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32, bool A8 = false>
 int tma_kernel_ready() {
   static const int sms = [] {
     raise_dynamic_smem_limit(
-        reinterpret_cast<const void*>(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S, MaxThreads>));
+        reinterpret_cast<const void*>(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S, MaxThreads, A8>));
     return sm_count();
   }();
   return sms;
@@ -397,17 +548,62 @@ int tma_resident_blocks() {
 // to read a token) take the one-unit rings up to kOneUnitGatedMaxTokens tokens: at 8 their
 // staging cost more than the separate gate kernel and the inputs through L1 (C8 8.50 against
 // 8.31 ms on the H200, docs/perf/2026-12-01-s13-cuda-27b.md).
-inline XSmemForm tma_x_smem_form(int nt, int T, int K, int splits, int unit_bytes, bool gated) {
+// A8: the same rule for the int8 inputs and their scales.
+inline XSmemForm tma_x_smem_form(int nt, int T, int K, int splits, int unit_bytes, bool gated, bool a8 = false) {
   if (nt != 1) return XSmemForm::kNone;
-  if (tma_x_smem_bytes(XSmemForm::kTwoUnitStages, T, K, splits, unit_bytes) <= kTmaSmemPerBlock3)
+  if (tma_x_smem_bytes(XSmemForm::kTwoUnitStages, T, K, splits, unit_bytes, a8) <= kTmaSmemPerBlock3)
     return XSmemForm::kTwoUnitStages;
   if (splits > 1 && (!gated || T <= kOneUnitGatedMaxTokens) &&
-      tma_x_smem_bytes(XSmemForm::kOneUnitStages, T, K, splits, unit_bytes) <= kTmaSmemPerBlock3)
+      tma_x_smem_bytes(XSmemForm::kOneUnitStages, T, K, splits, unit_bytes, a8) <= kTmaSmemPerBlock3)
     return XSmemForm::kOneUnitStages;
   return XSmemForm::kNone;
 }
 inline bool tma_x_smem_fits(int nt, int T, int K, int splits, int unit_bytes, bool gated) {
   return tma_x_smem_form(nt, T, K, splits, unit_bytes, gated) != XSmemForm::kNone;
+}
+
+// W4A8 launches: split (unsplit launches keep their narrow blocks, which read their inputs through
+// L1: staging all of K in each of them cost more than the int8 sums gained, gate_up 30.5 against
+// 29.9 us a launch at one token and 38.9 against 33.3 at 8 on the H200), at most kA8MaxTokens
+// tokens (at 8 the quantising staging lost: verify 8 at 4k 6.66-6.70 against 6.52-6.53 ms, C1 at
+// 1k 5.43-5.46 against 5.49-5.51; docs/perf/2026-12-03-s31-cuda-27b.md), and the inputs beside
+// the rings as tma_x_smem_form allows.
+constexpr int kA8MaxTokens = 4;
+inline bool tma_a8_fits(int T, int K, int splits, int unit_bytes, bool gated) {
+  return T >= 1 && T <= kA8MaxTokens && splits > 1 &&
+         tma_x_smem_form(1, T, K, splits, unit_bytes, gated, true) != XSmemForm::kNone;
+}
+
+// W4A8: a one-tile split launch whose blocks quantise their inputs to int8 as they stage them
+// (gated with `gate` on the way), with the rings of tma_x_smem_form; where tma_a8_fits.
+template <int MinBlocks>
+void launch_tma_a8(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
+                   const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
+                   cudaStream_t s) {
+  DS_ASSERT(tma_a8_fits(T, K, splits, w.unit_bytes, gate != GemvGate::kNone),
+            "W4A8 GEMV: int8 inputs at %d tokens, K %d, %d splits", T, K, splits);
+  const int stride = tma_x8_stride(K, splits);
+  const XSmemForm form = tma_x_smem_form(1, T, K, splits, w.unit_bytes, gate != GemvGate::kNone, true);
+  const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
+  const size_t smem = tma_x_smem_bytes(form, T, K, splits, w.unit_bytes, true);
+  auto go = [&](auto g) {
+    constexpr GemvGate G = decltype(g)::value;
+    constexpr int Threads = kWarps * 32;
+    if (form == XSmemForm::kTwoUnitStages) {
+      constexpr int SU = stage_units(1), S = stages_for(1);
+      tma_kernel_ready<1, MinBlocks, false, true, G, SU, S, Threads, true>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<1, MinBlocks, false, true, G, SU, S, Threads, true>, grid, block,
+                    smem, s, w, x, xb, out, partial, counters, T, N, K, stride);
+    } else {
+      constexpr int S = kOneUnitXSmemStages;
+      tma_kernel_ready<1, MinBlocks, false, true, G, 1, S, Threads, true>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<1, MinBlocks, false, true, G, 1, S, Threads, true>, grid, block,
+                    smem, s, w, x, xb, out, partial, counters, T, N, K, stride);
+    }
+  };
+  if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{});
+  else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{});
+  else go(std::integral_constant<GemvGate, GemvGate::kNone>{});
 }
 
 // XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.

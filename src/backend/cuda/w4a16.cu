@@ -359,8 +359,14 @@ bool w4a16_gemv_norms_output(int T, int N, int K, int group, bool gated) {
   return splits > 1 && (!gated || stages_inputs(T, K, group, splits, true));
 }
 
+bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated) {
+  return T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && w4a16_tiled_supports(K, group) &&
+         qgemv::tma_a8_fits(T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes, gated);
+}
+
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
-                       int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate) {
+                       int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate,
+                       bool a8) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
@@ -375,8 +381,14 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
             "W4A16 GEMV: a norm output needs one split-K launch of the one-tile kernel (T %d, splits %d)", T, splits);
   DS_ASSERT(!out.norm.ss || out.norm.x || w4a16_gemv_scales_output(T),
             "W4A16 GEMV: a norm scale needs one launch of the one-tile kernel (T %d)", T);
+  DS_ASSERT(!a8 || w4a16_gemv_takes_a8(T, N, K, group, gate != GemvGate::kNone),
+            "W4A16 GEMV: int8 inputs at T %d, N %d, K %d", T, N, K);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
+  if (a8) {
+    qgemv::launch_tma_a8<Kernel<1, 8>::TmaMinBlocks>(w, x, xb, gate, parts, partial, counters, splits, T, N, K, s);
+    return;
+  }
   if (takes_wide(T)) {
     DS_ASSERT(gate == GemvGate::kNone, "W4A16 GEMV: no gated input at %d tokens", T);
     const int nt = wide_tiles(T);
