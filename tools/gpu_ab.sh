@@ -5,10 +5,10 @@
 # verify lines of `bench model`) sorted by setting, then the optional kernel timelines.
 #   builds: .devbuild/ (tools/gpu_check.sh --pack) and experiment builds .devbuild-alt/REV/
 #           (tools/gpu_check.sh --pack-alt REV), carried as tools/gpu_check.sh describes.
-#   env: AB_VARS    "NAME:BUILD[:VAR=VALUE[,VAR=VALUE...][:ARG[,ARG...]]] ..."; BUILD "." is
+#   env: AB_VARS    "NAME:BUILD[:VAR=VALUE[,VAR=VALUE...][:ARG[+ARG...]]] ..."; BUILD "." is
 #                   .devbuild, else a directory of .devbuild-alt; ARGs are added to every bench
-#                   model call of the setting, e.g. "a8:.::--w4a8,all" (default: ".:." only, the
-#                   plain build)
+#                   model call of the setting, e.g. "a8:.::--w4a8+mlp,self_attn" (default: ".:."
+#                   only, the plain build)
 #        AB_ROUNDS  rounds (default 2)
 #        AB_CFGS    bench model arguments of each configuration, ";"-separated (default: batch 1
 #                   and 8 at 1k; verify 1 and 8 at 4k)
@@ -43,7 +43,7 @@ for r in $(seq 1 "${AB_ROUNDS:-2}"); do
     for i in "${!CFGS[@]}"; do
       log="$L/${name}_r${r}_c$i"
       # shellcheck disable=SC2086
-      env ${vars//,/ } "$bin" bench model "${ARGS[@]}" ${CFGS[$i]} ${args//,/ } > "$log.txt" 2> "$log.log" || status=1
+      env ${vars//,/ } "$bin" bench model "${ARGS[@]}" ${CFGS[$i]} ${args//+/ } > "$log.txt" 2> "$log.log" || status=1
       grep -E "^(decode|verify)" "$log.txt" | sed "s/^/$name r$r: /" >> "$L/summary.txt"
     done
   done
@@ -61,7 +61,7 @@ for spec in ${AB_TRACES:-}; do
   fi
   if [ "$tokens" = 1 ]; then targs="--batches 1 --contexts 1024 --verify 0"; else targs="--batches 1 --contexts 4096 --verify $tokens"; fi
   # shellcheck disable=SC2086
-  env ${vars//,/ } OUT="$L" DS_TRACE_BIN="$bin" DS_TRACE_ARGS="$targs ${args//,/ }" DS_TRACE_TOKENS="$tokens" \
+  env ${vars//,/ } OUT="$L" DS_TRACE_BIN="$bin" DS_TRACE_ARGS="$targs ${args//+/ }" DS_TRACE_TOKENS="$tokens" \
     DS_TRACE_TAG="${tname}_t$tokens" tools/gpu_trace.sh > /dev/null 2>&1 || status=1
   echo "== timeline: $tname, $tokens-token steps"
   head -"${AB_TRACE_LINES:-20}" "$L/trace_${tname}_t$tokens.txt" 2>/dev/null | cut -c1-130
