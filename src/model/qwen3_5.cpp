@@ -23,6 +23,27 @@ Result<std::unique_ptr<Qwen35Model>> Qwen35Model::synthetic(const ModelConfig& c
   return std::unique_ptr<Qwen35Model>(new Qwen35Model(config, std::move(w), ops));
 }
 
+namespace {
+
+// Whether a fused linear reads int8 inputs (any of its weights: LinearWeight::act_int8).
+bool reads_int8(const FusedLinear& f) {
+  for (const FusedLinear::Group& g : f.groups)
+    if (g.w.act_int8) return true;
+  return false;
+}
+// The linears that read a layer's input norm.
+const FusedLinear& mixer_in(const LayerWeights& L) {
+  return L.type == LayerType::kLinearAttention ? L.gdn.in_proj : L.attn.qkv_proj;
+}
+
+}  // namespace
+
+Int8Twin Qwen35Model::int8_twin(int64_t T, bool wanted) {
+  const int64_t H = cfg_.hidden_size;
+  if (!wanted || !ops_.makes_int8_twin(T, H)) return {};
+  return {ops_.scratch(DType::kI8, {T, H}), ops_.scratch(DType::kF32, {T, H / 64})};
+}
+
 CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_slots) const {
   CacheGeometry g;
   g.n_kv_layers = cfg_.n_full_attention_layers() + (has_mtp() ? 1 : 0);
@@ -74,7 +95,8 @@ void Qwen35Model::gdn_block(const LayerWeights& L, const NormedAct& in, Tensor x
   Tensor normed = act({T, Hv * dv});
   ops_.gdn_gates_delta_rule_norm(qkv, a, b, w.a_log, w.dt_bias, shape, L.cache_index, z, w.norm, cfg_.rms_norm_eps,
                                  cfg_.output_gate_sigmoid, normed);
-  ops_.linear_add_rms_norm(normed, nullptr, GateAct::kSiluMul, w.out_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out);
+  ops_.linear_add_rms_norm(normed, nullptr, GateAct::kSiluMul, w.out_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out,
+                           next.twin);
 }
 
 // Gated full attention on in (act [T, H]); its o_proj is added to x.
@@ -99,7 +121,7 @@ void Qwen35Model::attention_block(const LayerWeights& L, const NormedAct& in, Te
                  attn_output);
   // o_proj(attn * sigmoid(gate))
   ops_.linear_add_rms_norm(attn_output, &gate, GateAct::kMulSigmoid, w.o_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
-                           out);
+                           out, next.twin);
 }
 
 // The SiLU-gated MLP on in (the post-attention norm, act [T, H]); its down_proj is added to x.
@@ -113,12 +135,13 @@ void Qwen35Model::mlp_block(const LayerWeights& L, const NormedAct& in, Tensor x
     Tensor gated = act({T, I});
     ops_.linear_swiglu(in.h, m.gate_up.groups[0].w, gate, up, gated, in.scale);
     ops_.linear_add_rms_norm(gated, nullptr, GateAct::kSiluMul, m.down_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
-                             out);
+                             out, next.twin);
     return;
   }
   linear(in, m.gate_up, {gate, up});
   // down_proj(silu(gate) * up)
-  ops_.linear_add_rms_norm(gate, &up, GateAct::kSiluMul, m.down_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out);
+  ops_.linear_add_rms_norm(gate, &up, GateAct::kSiluMul, m.down_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out,
+                           next.twin);
 }
 
 // Pre-norm residual block: in is the layer's input norm of the residual stream x act [T, H]; the
@@ -130,7 +153,8 @@ void Qwen35Model::decoder_layer(const LayerWeights& L, const NormedAct& in, Tens
   const int64_t T = x.dim(0), H = cfg_.hidden_size;
   const size_t mark = ops_.scratch_mark();
   NormedAct mid{act({T, H}), {}};  // the post-attention norm
-  const NextNorm post{L.post_attn_norm, ops_.scratch(DType::kF32, {ops_.norm_parts(H), T})};
+  const NextNorm post{L.post_attn_norm, ops_.scratch(DType::kF32, {ops_.norm_parts(H), T}),
+                      int8_twin(T, reads_int8(L.mlp.gate_up))};
   if (L.type == LayerType::kLinearAttention) gdn_block(L, in, x, post, mid);
   else attention_block(L, in, x, post, mid);
   mlp_block(L, mid, x, next, out);
@@ -155,11 +179,16 @@ Tensor Qwen35Model::forward(const StepPlan& plan, Tensor* hidden_out) {
     // Each layer's input norm, alternating between two buffers: made by the layer before, read by this one.
     NormedAct normed[2] = {{act({T, H}), {}}, {act({T, H}), {}}};
     Tensor sums[2] = {ops_.scratch(DType::kF32, {P, T}), ops_.scratch(DType::kF32, {P, T})};
+    bool mixers_int8 = false;
+    for (const LayerWeights& L : w_.layers) mixers_int8 = mixers_int8 || reads_int8(mixer_in(L));
+    const Int8Twin twins[2] = {int8_twin(T, mixers_int8), int8_twin(T, mixers_int8)};
     const size_t n = w_.layers.size();
     ops_.rms_norm(x, n > 0 ? w_.layers[0].input_norm : w_.final_norm, cfg_.rms_norm_eps, normed[0].h);
     for (size_t i = 0; i < n; ++i) {
       const bool last = i + 1 == n;
-      const NextNorm next{last ? w_.final_norm : w_.layers[i + 1].input_norm, last ? Tensor{} : sums[(i + 1) % 2]};
+      const bool twin = !last && reads_int8(mixer_in(w_.layers[i + 1]));
+      const NextNorm next{last ? w_.final_norm : w_.layers[i + 1].input_norm, last ? Tensor{} : sums[(i + 1) % 2],
+                          twin ? twins[(i + 1) % 2] : Int8Twin{}};
       decoder_layer(w_.layers[i], normed[i % 2], x, next, normed[(i + 1) % 2]);
     }
     Tensor hn = normed[n % 2].h;  // the final norm: never left to the linears (NextNorm)
@@ -188,7 +217,7 @@ Tensor Qwen35Model::forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor
   NormedAct in{act({T, H}), {}};
   ops_.rms_norm(x, m.layer.input_norm, cfg_.rms_norm_eps, in.h);
   NormedAct out{act({T, H}), {}};  // the MTP's final norm: its output hidden
-  decoder_layer(m.layer, in, x, NextNorm{m.norm, Tensor{}}, out);
+  decoder_layer(m.layer, in, x, NextNorm{m.norm, Tensor{}, Int8Twin{}}, out);
   Tensor mtp_hidden = out.h;
   if (hidden_out) *hidden_out = mtp_hidden;
   return logits_of(mtp_hidden, plan.n_out());

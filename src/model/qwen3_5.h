@@ -138,6 +138,7 @@ class Qwen35Model {
   struct NextNorm {
     Tensor w;
     Tensor ss;
+    Int8Twin twin;  // buffers for the norm's int8 twin (int8_twin), or empty
   };
   // Each block reads the normed input `in`, adds its output to the residual stream x act [T, H]
   // and writes `out` = the next norm of x (out.h act [T, H] given).
@@ -147,6 +148,9 @@ class Qwen35Model {
   void decoder_layer(const LayerWeights& L, const NormedAct& in, Tensor x, const NextNorm& next, NormedAct& out);
   Tensor logits_of(Tensor hn, int64_t n_out);
   Tensor act(std::initializer_list<int64_t> shape) { return ops_.scratch(ops_.act_dtype(), shape); }
+  // Scratch for the int8 twin of a pre-norm of T rows (Ops::linear_add_rms_norm) where `wanted`
+  // (the linears after it read int8 inputs) and the backend makes twins; else empty.
+  Int8Twin int8_twin(int64_t T, bool wanted);
   // outs[i] act [T, rows[i]] = in act [T, K] . (part i of w)^T; one Ops::linear_parts per group.
   void linear(const NormedAct& in, const FusedLinear& w, std::initializer_list<Tensor> outs);
 

@@ -60,9 +60,18 @@ enum class GateAct : uint8_t { kSiluMul, kMulSigmoid };
 // weight (rounded to act) and scale the sums of squares to divide by: the linears multiply their
 // output row t by 1 / sqrt(sum_p ss[p, t] / D + eps), D = h's width, the sum in order p = 0, 1, ..
 // Otherwise scale is empty and h = rms_norm(x) * w.
+// W4A8: a backend's int8 copy of a pre-norm's output h, made by the op that writes h, so the linears
+// after it that read int8 inputs (LinearWeight::act_int8) take it instead of rounding h each: q i8
+// [T, D] in the backend's column order, scale f32 [T, D / 64] (ops/act_int8.h's rounding of each
+// token's 64-column chunks; CUDA: launchers.h GemvNorm).
+struct Int8Twin {
+  Tensor q, scale;
+  bool empty() const { return q.data == nullptr; }
+};
 struct RowScale {
   Tensor ss;  // f32 [P, T]: the sums of x^2 over P parts of each row
   float eps = 0.f;
+  Int8Twin twin;  // empty where none was made
   bool empty() const { return ss.data == nullptr; }
 };
 struct NormedAct {
@@ -196,9 +205,13 @@ class Ops {
   // (add_rms_norm). x act [T, D]; out.h act [T, D]; ss f32 [norm_parts(D), T], or empty where out
   // is read by more than linears. A backend may leave the division by the RMS to the linears that
   // read out (out.scale = {ss, eps}; CUDA at decode, where the GEMV's epilogue writes the sums:
-  // CudaOps); the default runs the three ops and leaves out.scale empty.
+  // CudaOps); the default runs the three ops and leaves out.scale empty. twin: buffers (where
+  // makes_int8_twin) the backend fills with out.h's int8 twin when it defers the norm
+  // (out.scale.twin then names them).
   virtual void linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
-                                   Tensor norm_w, float eps, Tensor ss, NormedAct& out);
+                                   Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin = {});
+  // Whether linear_add_rms_norm of T rows of width D can make an int8 twin (Int8Twin).
+  virtual bool makes_int8_twin(int64_t T, int64_t D) const { return false; }
   // out act [T, I] = silu(gate) * up; gate, up act [T, I]
   virtual void silu_mul(Tensor gate, Tensor up, Tensor out) = 0;
   // out act [n_out, H] = x[plan.logit_rows]; x act [T, H]

@@ -10,11 +10,13 @@
 // streaming ceilings of the GEMVs' ways of reading weights, and timings
 // at the Qwen3.8-27B shapes.
 // Skipped where there is no GPU.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstring>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -26,6 +28,7 @@
 #include "cuda/cuda_test_util.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/launchers.h"
+#include "backend/cuda/cuda_check.h"
 #include "ops/int8_rows.h"
 
 namespace ds {
@@ -117,6 +120,46 @@ W4Case make_w4(CudaOps& gpu, std::mt19937& rng, int N, int K, int group, WeightR
   c.gpu_w.group_size = group;
   gpu.prepare_weight(c.gpu_w, role);
   return c;
+}
+
+// The int8 twin of x f32 [T, K] (bf16 values) as cuda::GemvInt8In lays it out: per token and
+// 64-column chunk q = rint(x * 127 / max |x|), each 4 columns stored in the order 0, 2, 1, 3, and
+// the scale max / (127 * 16).
+struct HostTwin {
+  std::vector<int8_t> q;     // [T, K]
+  std::vector<float> scale;  // [T, K / 64]
+};
+HostTwin host_twin(const std::vector<float>& x, int T, int K) {
+  HostTwin h;
+  h.q.resize(size_t(T) * K);
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < K; c += 64) {
+      const float* v = x.data() + size_t(t) * K + c;
+      float amax = 0.f;
+      for (int k = 0; k < 64; ++k) amax = std::max(amax, std::fabs(v[k]));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      constexpr int kOrder[4] = {0, 2, 1, 3};
+      for (int k = 0; k < 64; ++k)
+        h.q[size_t(t) * K + c + (k & ~3) + kOrder[k & 3]] = static_cast<int8_t>(std::nearbyint(v[k] * inv));
+      h.scale.push_back(amax / (127.f * 16.f));
+    }
+  return h;
+}
+Int8Twin upload_twin(CudaOps& gpu, const HostTwin& h, int T, int K) {
+  std::vector<int32_t> words(size_t(T) * K / 4);
+  std::memcpy(words.data(), h.q.data(), h.q.size());
+  Int8Twin twin;
+  twin.q = Tensor(gpu.upload(words.data(), DType::kI32, {int64_t(words.size())}, DType::kI32).data, DType::kI8, {T, K});
+  twin.scale = gpu.upload(h.scale.data(), DType::kF32, {T, K / 64}, DType::kF32);
+  return twin;
+}
+HostTwin download_twin(const Int8Twin& twin) {
+  HostTwin h;
+  h.q.resize(twin.q.numel());
+  h.scale.resize(twin.scale.numel());
+  CUDA_CHECK(cudaMemcpy(h.q.data(), twin.q.data, h.q.size(), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(h.scale.data(), twin.scale.data, h.scale.size() * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
 }
 
 // Every token count the GEMV takes (one launch, NT 1/2/4, 32-token slices, 8-token slices, and
@@ -249,8 +292,8 @@ TEST_F(CudaLinearQuantTest, W4A8MatchesCpu) {
     int gate = -1;  // GateAct, or -1: none
   };
   const int silu = static_cast<int>(GateAct::kSiluMul), sigm = static_cast<int>(GateAct::kMulSigmoid);
-  CpuOps twin(/*bf16_activations=*/true);
-  int n_a8 = 0;
+  CpuOps cpu_bf16(/*bf16_activations=*/true);
+  int n_a8 = 0, n_twin = 0;
   for (const Shape& sh : std::vector<Shape>{{96, 128, 128},
                                             {2000, 256, 128},
                                             {200, 384, 128},
@@ -269,7 +312,7 @@ TEST_F(CudaLinearQuantTest, W4A8MatchesCpu) {
     W4Case c = make_w4(*gpu, rng, N, K, sh.group, sh.paired ? WeightRole::kGateUp : WeightRole::kLinear);
     c.gpu_w.act_int8 = true;
     LinearWeight w_cpu;
-    w_cpu.dense = twin.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+    w_cpu.dense = cpu_bf16.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
     for (int T : {1, 2, 4, 8}) {
       const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " g" + std::to_string(sh.group) +
                                " T" + std::to_string(T) + (sh.gate < 0 ? "" : " gated " + std::to_string(sh.gate));
@@ -296,16 +339,16 @@ TEST_F(CudaLinearQuantTest, W4A8MatchesCpu) {
       // The CPU twin with int8 inputs (rounded) and without (plain).
       auto run_cpu = [&](bool rounded) {
         w_cpu.act_int8 = rounded;
-        Tensor xc = twin.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
-        Tensor oc = twin.scratch(DType::kF32, {T, out_cols});
+        Tensor xc = cpu_bf16.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+        Tensor oc = cpu_bf16.scratch(DType::kF32, {T, out_cols});
         if (sh.paired) {
-          Tensor gc = twin.scratch(DType::kF32, {T, out_cols}), uc = twin.scratch(DType::kF32, {T, out_cols});
-          twin.linear_swiglu(xc, w_cpu, gc, uc, oc);
+          Tensor gc = cpu_bf16.scratch(DType::kF32, {T, out_cols}), uc = cpu_bf16.scratch(DType::kF32, {T, out_cols});
+          cpu_bf16.linear_swiglu(xc, w_cpu, gc, uc, oc);
         } else if (sh.gate >= 0) {
-          twin.gated_linear(xc, twin.upload(xb.data(), DType::kF32, {T, K}, DType::kF32),
+          cpu_bf16.gated_linear(xc, cpu_bf16.upload(xb.data(), DType::kF32, {T, K}, DType::kF32),
                             static_cast<GateAct>(sh.gate), w_cpu, oc);
         } else {
-          twin.linear_weight(xc, w_cpu, oc);
+          cpu_bf16.linear_weight(xc, w_cpu, oc);
         }
         return std::vector<float>(oc.f32(), oc.f32() + oc.numel());
       };
@@ -318,12 +361,71 @@ TEST_F(CudaLinearQuantTest, W4A8MatchesCpu) {
         EXPECT_LE(err_plain, 5e-3) << what << " (bf16 inputs)";
       }
       EXPECT_EQ(run_gpu(), got) << what << " repeated";
+      // The same inputs as a producer's int8 twin (host-made), read through L1 by any launch,
+      // unsplit ones included: a fused weight of two parts (linear_parts) or gate_up (linear_swiglu).
+      if (sh.gate < 0 && cuda::w4a16_gemv_takes_a8(T, N, K, sh.group, false, true)) {
+        RowScale with_twin;
+        with_twin.twin = upload_twin(*gpu, host_twin(x, T, K), T, K);
+        std::vector<float> got_twin;
+        if (sh.paired) {
+          Tensor gate = gpu->scratch(DType::kBF16, {T, out_cols}), up = gpu->scratch(DType::kBF16, {T, out_cols});
+          gpu->linear_swiglu(xg, c.gpu_w, gate, up, og, with_twin);
+          got_twin = download(og);
+        } else {
+          const int n0 = N / 2;
+          const Tensor parts[2] = {gpu->scratch(DType::kBF16, {T, n0}), gpu->scratch(DType::kBF16, {T, N - n0})};
+          gpu->linear_parts(xg, c.gpu_w, parts, false, with_twin);
+          const std::vector<float> p0 = download(parts[0]), p1 = download(parts[1]);
+          for (int t = 0; t < T; ++t) {
+            got_twin.insert(got_twin.end(), p0.begin() + size_t(t) * n0, p0.begin() + size_t(t + 1) * n0);
+            got_twin.insert(got_twin.end(), p1.begin() + size_t(t) * (N - n0), p1.begin() + size_t(t + 1) * (N - n0));
+          }
+        }
+        const double err_twin = rel_rms(got_twin, ref);
+        EXPECT_LE(err_twin, 3e-3) << what << " twin";
+        EXPECT_LT(err_twin, 0.5 * rel_rms(got_twin, plain)) << what << " twin: not closer to the int8 inputs";
+        ++n_twin;
+      }
       gpu->reset_scratch();
-      twin.reset_scratch();
+      cpu_bf16.reset_scratch();
     }
   }
   // The split launches (K from 1,024 here) take int8 inputs at 1, 2 and 4 tokens.
   EXPECT_GE(n_a8, 3 * 5) << "launches with int8 inputs";
+  EXPECT_GE(n_twin, 4 * 10) << "launches reading a twin";
+}
+
+// The producer's int8 twin (Ops::linear_add_rms_norm with Int8Twin buffers, the split GEMV's
+// epilogue): bit for bit host_twin of the h it writes, at 1, 3 and 8 tokens, for the 27B's o_proj
+// (H 5120) and a short last tile (H 320, group 64).
+TEST_F(CudaLinearQuantTest, W4A8TwinOfDeferredNorm) {
+  struct Shape {
+    int H, K, group;
+  };
+  for (const Shape& sh : {Shape{5120, 6144, 128}, Shape{320, 1024, 64}}) {
+    const int H = sh.H, K = sh.K;
+    W4Case prod = make_w4(*gpu, rng, H, K, sh.group);
+    std::vector<float> norm(H);
+    std::uniform_real_distribution<float> ud(0.5f, 1.5f);
+    for (auto& v : norm) v = ud(rng);
+    Tensor wn = gpu->upload(norm.data(), DType::kF32, {H}, DType::kF32);
+    for (int T : {1, 3, 8}) {
+      const std::string what = "H" + std::to_string(H) + " T" + std::to_string(T);
+      ASSERT_TRUE(gpu->makes_int8_twin(T, H)) << what;
+      const std::vector<float> a = random_bf16(size_t(T) * K, rng), x = random_bf16(size_t(T) * H, rng, 4.f);
+      Tensor ag = gpu->upload(a.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, H}, DType::kBF16);
+      Tensor ss = gpu->scratch(DType::kF32, {gpu->norm_parts(H), T});
+      Int8Twin buffers{gpu->scratch(DType::kI8, {T, H}), gpu->scratch(DType::kF32, {T, H / 64})};
+      NormedAct out{gpu->scratch(DType::kBF16, {T, H}), {}};
+      gpu->linear_add_rms_norm(ag, nullptr, GateAct::kSiluMul, prod.gpu_w, xg, wn, 1e-6f, ss, out, buffers);
+      ASSERT_FALSE(out.scale.twin.empty()) << what;
+      const HostTwin want = host_twin(download(out.h), T, H), got = download_twin(out.scale.twin);
+      EXPECT_EQ(got.q, want.q) << what;
+      EXPECT_EQ(got.scale, want.scale) << what;
+      gpu->reset_scratch();
+    }
+  }
 }
 
 // A fused W4A16 weight (Ops::linear_parts): one GEMV writes parts whose widths are not

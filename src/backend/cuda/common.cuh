@@ -28,6 +28,13 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float* f) {
   for (int e = 0; e < 8; ++e) f[e] = to_f32(b[e]);
 }
 
+// The 4 bf16 values packed in raw, in fp32.
+__device__ __forceinline__ void unpack4(const uint2& raw, float* f) {
+  const auto* b = reinterpret_cast<const __nv_bfloat16*>(&raw);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) f[e] = to_f32(b[e]);
+}
+
 // op(a_i, b_i) for the 8 bf16 values packed in each of a and b, in fp32: op takes two floats and
 // returns the bf16 to store (its own rounding).
 template <class Op>

@@ -223,8 +223,10 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
                              scales[n * (K / group) + k / group];
       free_weight(w.packed);
       free_weight(w.scales);
+      const bool act_int8 = w.act_int8;
       w = LinearWeight{};
       w.dense = upload(dense.data(), DType::kF32, {N, K}, DType::kBF16);
+      w.act_int8 = act_int8;  // read as the backend reads dense weights (Ops::act_int8_input)
       return;
     }
     // i32 [16-row blocks, words of a block], the scales inside (w4a16.cu)
@@ -468,7 +470,7 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   if (tiled && w.paired && w4a16_takes_gemv(T)) {
     linear_w4a16_paired_rows(B(x), T, K, w, o.ptr[0], o.ptr[1], false, scale);
   } else if (tiled) {
-    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
+    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin);
   } else {
     expect_bf16(w.dense, "linear_parts weight");
     cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(w.dense.dim(0)), K, impl_->stream,
@@ -514,7 +516,7 @@ void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor
       (scale.empty() || cuda::w4a16_gemv_scales_output(T))) {
     cuda::GemvOut o = cuda::GemvOut::swiglu_of(B(out), N);
     o.norm = norm_scale_of(scale, K);
-    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone);
+    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin);
     return;
   }
   linear_w4a16_paired_rows(B(x), T, K, w, B(out), nullptr, true, scale);
@@ -526,14 +528,14 @@ void CudaOps::linear_w4a16_paired_rows(const void* x, int T, int K, const Linear
   Tensor rows = scratch(DType::kBF16, {T, w.rows});  // bf16 [T, N] in the paired row order
   cuda::GemvOut o = cuda::GemvOut::whole(B(rows), static_cast<int>(w.rows));
   o.norm = norm_scale_of(scale, K);
-  linear_w4a16(x, T, K, w, o, nullptr, cuda::GemvGate::kNone);
+  linear_w4a16(x, T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin);
   cuda::launch_paired_rows(B(rows), static_cast<bf16*>(a), static_cast<bf16*>(b), T, static_cast<int>(w.rows / 2),
                            swiglu, impl_->stream);
   scratch_release(mark);
 }
 
 void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out,
-                           const void* xb, cuda::GemvGate gate) {
+                           const void* xb, cuda::GemvGate gate, const Int8Twin& twin) {
   const auto* x = static_cast<const bf16*>(x_bf16);
   const int N = static_cast<int>(w.rows);
   DS_ASSERT(w.packed.dim(1) == cuda::w4a16_tiled_block_words(K, w.group_size), "W4A16 shapes: K %d, tiled%s", K,
@@ -554,7 +556,17 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
       cuda::GemvOut o = out.from_token(t0);
       if (scale_after) o.norm = {};
       const bf16* xb_t = xb ? static_cast<const bf16*>(xb) + int64_t(t0) * K : nullptr;
-      const bool a8 = w.act_int8 && cuda::w4a16_gemv_takes_a8(n, N, K, w.group_size, gate != cuda::GemvGate::kNone);
+      // W4A8: the producer's int8 twin of the whole input where there is one, else rounded by the launch.
+      cuda::GemvInt8In a8;
+      if (w.act_int8 && !twin.empty() && n == T && gate == cuda::GemvGate::kNone &&
+          cuda::w4a16_gemv_takes_a8(n, N, K, w.group_size, false, true)) {
+        DS_ASSERT(twin.q.numel() == int64_t(T) * K && twin.scale.numel() == int64_t(T) * (K / 64),
+                  "an int8 twin %s / %s for x [%d, %d]", twin.q.shape_str().c_str(), twin.scale.shape_str().c_str(), T,
+                  K);
+        a8 = {true, static_cast<const int8_t*>(twin.q.data), F(twin.scale)};
+      } else if (w.act_int8) {
+        a8.on = cuda::w4a16_gemv_takes_a8(n, N, K, w.group_size, gate != cuda::GemvGate::kNone);
+      }
       cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, o, partial, impl_->gemv_counters, splits, n, N, K,
                               w.group_size, impl_->stream, xb_t, gate, a8);
     }
@@ -643,8 +655,12 @@ void CudaOps::scale_rows(Tensor out, const RowScale& s, int64_t D) {
 
 int64_t CudaOps::norm_parts(int64_t D) const { return (D + cuda::kGemvTileRows - 1) / cuda::kGemvTileRows; }
 
+bool CudaOps::makes_int8_twin(int64_t T, int64_t D) const {
+  return defer_norms() && T >= 1 && T <= 8 && T <= cuda::w4a16_gemv_tokens() && D % 64 == 0 && cuda::w4a16_gemv_tma();
+}
+
 void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
-                                  Tensor norm_w, float eps, Tensor ss, NormedAct& out) {
+                                  Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin) {
   const int T = static_cast<int>(x.dim(0)), D = static_cast<int>(x.dim(1)), K = static_cast<int>(a.dim(1));
   const bool fused = defer_norms() && ss.data && norm_parts(D) <= cuda::kGemvNormMaxParts && w.quantized() &&
                      w.format == WeightFormat::kW4A16Tiled && !w.paired && w.rows == D && w4a16_takes_gemv(T) &&
@@ -653,6 +669,11 @@ void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const 
     Ops::linear_add_rms_norm(a, b, act, w, x, norm_w, eps, ss, out);
     return;
   }
+  if (!makes_int8_twin(T, D)) twin = {};
+  DS_ASSERT(twin.empty() || (twin.q.dtype == DType::kI8 && twin.q.numel() == int64_t(T) * D &&
+                             twin.scale.dtype == DType::kF32 && twin.scale.numel() == int64_t(T) * (D / 64)),
+            "linear_add_rms_norm: an int8 twin %s / %s for out [%d, %d]", twin.q.shape_str().c_str(),
+            twin.scale.shape_str().c_str(), T, D);
   expect_bf16(a, "linear_add_rms_norm input");
   expect_bf16(x, "linear_add_rms_norm x");
   expect_bf16(out.h, "linear_add_rms_norm out");
@@ -678,8 +699,12 @@ void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const 
   o.norm.x = B(x);
   o.norm.w = F(norm_w);
   o.norm.ss = F(ss);
+  if (!twin.empty()) {
+    o.norm.q8 = static_cast<int8_t*>(twin.q.data);
+    o.norm.q8_scale = F(twin.scale);
+  }
   linear_w4a16(B(in), T, K, w, o, xb, gate);
-  out.scale = {ss, eps};
+  out.scale = {ss, eps, twin};
 }
 
 void CudaOps::silu_mul(Tensor gate, Tensor up, Tensor out) {

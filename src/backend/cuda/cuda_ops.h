@@ -80,7 +80,8 @@ class CudaOps final : public Ops {
   // and each tile's sums of squares, and leaves the division by the RMS to the linears after it
   // (out.scale), so no norm kernel runs between them. env DS_DEFER_NORM = 1 (default) | 0.
   void linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x, Tensor norm_w,
-                           float eps, Tensor ss, NormedAct& out) override;
+                           float eps, Tensor ss, NormedAct& out, Int8Twin twin = {}) override;
+  bool makes_int8_twin(int64_t T, int64_t D) const override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
   void gather_rows(Tensor x, Tensor out) override;
   void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;
@@ -136,7 +137,7 @@ class CudaOps final : public Ops {
   // producer's (cuda::w4a16_gemv_norms_output), or a consumer's scale, applied by scale_rows after
   // the GEMV where its epilogue cannot (never with a swiglu output).
   void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out, const void* xb,
-                    cuda::GemvGate gate);
+                    cuda::GemvGate gate, const Int8Twin& twin = {});
   // A paired weight's GEMV (T within w4a16_gemv_step_tokens) into scratch rows in its paired order,
   // then launch_paired_rows: a, b bf16 [T, N/2] = gate, up, or with swiglu a = silu(gate) * up.
   void linear_w4a16_paired_rows(const void* x, int T, int K, const LinearWeight& w, void* a, void* b, bool swiglu,

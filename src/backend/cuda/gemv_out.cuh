@@ -95,6 +95,7 @@ inline OutParts out_parts(const GemvOut& o, int N) {
   DS_ASSERT(!o.norm.x || (o.n_parts == 1 && !o.swiglu && N % 4 == 0 && o.norm.w && o.norm.ss),
             "a GEMV's norm output: %d parts, N %d", o.n_parts, N);
   DS_ASSERT(!o.norm.ss || o.norm.x || o.norm.parts > 0, "a GEMV's norm scale from %d parts", o.norm.parts);
+  DS_ASSERT(!o.norm.q8 || (o.norm.x && o.norm.q8_scale && N % 64 == 0), "a GEMV's int8 twin: N %d", N);
   DS_ASSERT(!o.swiglu || (o.n_parts == 1 && N % 16 == 0), "a GEMV's swiglu output: %d parts, N %d", o.n_parts, N);
   return p;
 }

@@ -84,7 +84,9 @@ constexpr int kGemvSwigluMaxTokens = 8;
 // writes the sum of its new x^2 of token t to ss[p * T + t] (ss f32 [tiles, T]). Consumer, x null
 // and ss set (W4A16 launches of w4a16_gemv_scales_output, the small GEMV; parts <=
 // kGemvNormMaxParts): each output of token t is multiplied by 1 / sqrt(S * inv_d + eps), S the
-// sum of ss[0, t] .. ss[parts - 1, t] (OutParts::row_scale's order).
+// sum of ss[0, t] .. ss[parts - 1, t] (OutParts::row_scale's order). A producer with q8 set (W4A8,
+// N % 64 == 0, T <= 8) also writes the int8 twin of its part (GemvInt8In's layout) into q8 and
+// q8_scale.
 constexpr int kGemvTileRows = 128;
 constexpr int kGemvNormMaxParts = 64;  // a consumer's parts: D up to 8192
 struct GemvNorm {
@@ -93,6 +95,17 @@ struct GemvNorm {
   float* ss = nullptr;
   float eps = 0.f, inv_d = 0.f;
   int parts = 0;
+  int8_t* q8 = nullptr;
+  float* q8_scale = nullptr;
+};
+// A W4A16 GEMV's inputs as int8 (W4A8): on, the launch rounds them as it stages them (ops/act_int8.h
+// rounding), or, with q set, it reads a twin a producer made: q i8 [T, K], each 4 columns stored in
+// the order 0, 2, 1, 3 (the order the GEMV's int8 mma pairs them in), scale f32 [T, K / 64] =
+// max |x| / (127 * 16) of each 64-column chunk (the 16: the GEMV's int4 codes are 16 q).
+struct GemvInt8In {
+  bool on = false;
+  const int8_t* q = nullptr;
+  const float* scale = nullptr;
 };
 struct GemvOut {
   bf16* ptr[kGemvMaxParts] = {};
@@ -216,17 +229,17 @@ bool w4a16_gemv_scales_output(int T);
 // Whether a W4A16 GEMV launch of T tokens can write a swiglu output (GemvOut: one token tile).
 bool w4a16_gemv_writes_swiglu(int T);
 // Whether a launch of T tokens of a W4A16 GEMV of N rows (gated: its input gated) can take int8
-// inputs (W4A8, LinearWeight::act_int8): a split launch of the one-tile TMA kernel of at most
-// 4 tokens (within w4a16_gemv_tokens) whose int8 inputs fit beside its rings (qgemv_tma.cuh,
-// tma_a8_fits).
-bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated);
+// inputs (W4A8, LinearWeight::act_int8), rounding them itself: a split launch of the one-tile TMA
+// kernel of at most 4 tokens (within w4a16_gemv_tokens) whose int8 inputs fit beside its rings
+// (qgemv_tma.cuh, tma_a8_fits); or read from a producer's twin (twin, ungated, T <= 8, K a
+// multiple of 64): an unsplit launch, or a split one whose int8 inputs fit beside its rings.
+bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated, bool twin = false);
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
-// With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input. a8 (where
-// w4a16_gemv_takes_a8): the inputs are quantised to int8 in the launch, each token's 64-column
-// chunk with its own scale (ops/act_int8.h), for int8 tensor cores.
+// With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input. a8 on (where
+// w4a16_gemv_takes_a8): int8 inputs for int8 tensor cores, rounded in the launch or read from a8.q.
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
-                       GemvGate gate = GemvGate::kNone, bool a8 = false);
+                       GemvGate gate = GemvGate::kNone, GemvInt8In a8 = {});
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T). paired (N % 16 == 0): the
 // rows of a paired weight's blocks as the two halves, w [0, N/2) and [N/2, N).
 void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, bool paired, cudaStream_t s);

@@ -288,12 +288,11 @@ __device__ __forceinline__ V sum_splits(const V* p, int64_t stride, int splits) 
 }
 
 // The producer's epilogue of a GemvNorm (out.norm.x) for rows n .. n + 3 of token t (at = t N + n):
-// given their x (bf16 x 4), norm weights and split sums v, x += bf16(v) and part 0 = bf16(x * w);
-// returns the sum of the new x^2.
-__device__ __forceinline__ float norm_rows(const OutParts& out, int64_t at, uint2 xv, float4 w, float4 v) {
+// given their x (bf16 x 4), norm weights and split sums v, x += bf16(v) and part 0 = hv =
+// bf16(x * w); returns the sum of the new x^2.
+__device__ __forceinline__ float norm_rows(const OutParts& out, int64_t at, uint2 xv, float4 w, float4 v, uint2& hv) {
   __nv_bfloat16* xb = reinterpret_cast<__nv_bfloat16*>(&xv);
   const float y[4] = {v.x, v.y, v.z, v.w}, wv[4] = {w.x, w.y, w.z, w.w};
-  uint2 hv;
   __nv_bfloat16* hb = reinterpret_cast<__nv_bfloat16*>(&hv);
   float sq = 0.f;
 #pragma unroll
@@ -306,6 +305,24 @@ __device__ __forceinline__ float norm_rows(const OutParts& out, int64_t at, uint
   *reinterpret_cast<uint2*>(out.norm.x + at) = xv;
   *reinterpret_cast<uint2*>(out.ptr[0] + at) = hv;
   return sq;
+}
+
+// The int8 twin of a producer's rows n .. n + 3 of token t (hv: their bf16 values; out.norm.q8,
+// GemvInt8In's layout): the whole warp calls, lanes 0-15 and 16-31 each one 64-row chunk (n0 + 4
+// lane a multiple of 128 at lane 0), rows from N (N % 64 == 0: whole chunks) left out.
+__device__ __forceinline__ void norm_rows_int8(const GemvNorm& norm, uint2 hv, int t, int n, int N, int lane) {
+  float f[4];
+  unpack4(hv, f);
+  float amax = fmaxf(fmaxf(fabsf(f[0]), fabsf(f[1])), fmaxf(fabsf(f[2]), fabsf(f[3])));
+#pragma unroll
+  for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (n >= N) return;
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  uint32_t q[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) q[k] = static_cast<uint32_t>(__float2int_rn(f[k] * inv)) & 0xFFu;
+  *reinterpret_cast<uint32_t*>(norm.q8 + int64_t(t) * N + n) = q[0] | q[2] << 8 | q[1] << 16 | q[3] << 24;
+  if (lane % 16 == 0) norm.q8_scale[t * (N / kChunk) + n / kChunk] = amax / (127.f * 16.f);
 }
 
 // The block's results to out: directly without split-K, else through the partials (the last
@@ -371,15 +388,18 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
       for (int i = threadIdx.x; i < T * kTileRows / 4; i += blockDim.x) {
         const int t = i / (kTileRows / 4), n = n0 + 4 * (i % (kTileRows / 4));
         float sq = 0.f;
+        uint2 hv = make_uint2(0, 0);
         if (n < N) {  // x and the norm weights asked for before the partials: one round trip
           const int64_t at = int64_t(t) * N + n;
           const uint2 xv = *reinterpret_cast<const uint2*>(out.norm.x + at);
           const float4 w = *reinterpret_cast<const float4*>(out.norm.w + n);
           sq = norm_rows(out, at, xv, w,
-                         sum_splits<batch>(reinterpret_cast<const float4*>(partial + at), split_stride / 4, splits));
+                         sum_splits<batch>(reinterpret_cast<const float4*>(partial + at), split_stride / 4, splits),
+                         hv);
         }
         sq = warp_sum(sq);
         if (lane == 0) out.norm.ss[blockIdx.x * T + t] = sq;
+        if (out.norm.q8) norm_rows_int8(out.norm, hv, t, n, N, lane);
       }
       finish();
       return;

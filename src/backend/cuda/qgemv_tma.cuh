@@ -19,11 +19,13 @@
 // kernels do, so the model's gated linears need no kernel of their own); otherwise each lane reads
 // them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
 //
-// W4A8 (A8, one token tile): the block stages its inputs in shared memory as int8, each token's
-// 64-column chunk with its own scale (max |x| / 127, round to nearest even: ops/act_int8.h is the
-// CPU twin), and the int4 codes become int8 (16 q) by two logic operations a word, for int8 mma
-// (m16n8k32, exact int32 sums a chunk) where W4A16 spends about a dozen instructions a word on
-// bf16 values. A8 launches are split ones of up to kA8MaxTokens tokens (tma_a8_fits).
+// W4A8 (A8, one token tile): int8 inputs, each token's 64-column chunk with its own scale (max |x|
+// / 127, round to nearest even: ops/act_int8.h is the CPU twin), and the int4 codes made int8 (16
+// q) by two logic operations a word, for int8 mma (m16n8k32, exact int32 sums a chunk) where W4A16
+// spends about a dozen instructions a word on bf16 values. The inputs are a producer's int8 twin
+// (GemvInt8In), read through L1 by the narrow blocks of unsplit launches and copied into shared
+// memory by split ones; without a twin, split launches round their inputs as they stage them
+// (tma_a8_fits says which launches can).
 #pragma once
 
 #include <cstdlib>
@@ -348,19 +350,42 @@ __device__ __forceinline__ void stage_inputs8(const __nv_bfloat16* __restrict__ 
   }
 }
 
+// A8 from a producer's twin (GemvInt8In): the block's chunks [c_begin, c_end) of xq (i8 [T, K])
+// and their scales (xq_scale f32 [T, K / 64]) copied into x8 and xsc as stage_inputs8 lays them
+// out, the inputs by cp.async (all of a thread's pieces in flight at once).
+__device__ __forceinline__ void stage_twin(const int8_t* __restrict__ xq, const float* __restrict__ xq_scale,
+                                           unsigned char* x8, int x8_stride, float* xsc, int T, int K, int c_begin,
+                                           int c_end) {
+  const int chunks = c_end - c_begin, row = chunks * kChunk / 16;  // 16-byte pieces of a token's row
+  for (int i = threadIdx.x; i < T * row; i += blockDim.x) {
+    const int t = i / row, e = i % row;
+    cp_async16(x8 + t * x8_stride + 16 * e, xq + int64_t(t) * K + int64_t(c_begin) * kChunk + 16 * e);
+  }
+  cp_async_commit();
+  for (int i = threadIdx.x; i < chunks * 8; i += blockDim.x) {
+    const int c = i / 8, t = i % 8;
+    xsc[i] = t < T ? __ldg(xq_scale + t * (K / kChunk) + c_begin + c) : 0.f;
+  }
+  cp_async_wait<0>();
+}
+
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
 // stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
 // x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
 // MaxThreads: kWarps warps, or up to kNarrowMaxWarps (the blocks of unsplit launches at one token).
-// A8: int8 inputs (stage_inputs8; x_stride is then tma_x8_stride, in bytes).
+// A8: int8 inputs, kA8Staged (in shared memory: rounded by stage_inputs8, or with xq set copied
+// from a producer's twin by stage_twin; x_stride is then tma_x8_stride, in bytes) or kA8Twin (a
+// producer's twin read through L1: xq i8 [T, K], xq_scale f32 [T, K / 64], GemvInt8In).
+constexpr int kA8Staged = 1, kA8Twin = 2;
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT), int MaxThreads = kWarps * 32, bool A8 = false>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0>
 __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
-                     int x_stride) {
+                     int x_stride, const int8_t* __restrict__ xq, const float* __restrict__ xq_scale) {
   static_assert(G == GemvGate::kNone || XSmem, "inputs are gated while they are staged");
-  static_assert(!A8 || (XSmem && NT == 1 && !XAhead), "int8 inputs are staged, one token tile");
+  static_assert(A8 != kA8Staged || (XSmem && NT == 1 && !XAhead), "int8 inputs are staged, one token tile");
+  static_assert(A8 != kA8Twin || (!XSmem && NT == 1 && G == GemvGate::kNone), "a twin is read through L1");
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
@@ -403,8 +428,9 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
 
   unsigned char* x8 = reinterpret_cast<unsigned char*>(x_smem);  // A8: int8 [T][x_stride], then
   float* xsc = reinterpret_cast<float*>(x8 + T * x_stride);        // the scales f32 [chunks][8]
-  if constexpr (A8) {
-    stage_inputs8<G>(x, xb, x8, x_stride, xsc, T, K, c_begin, c_end);
+  if constexpr (A8 == kA8Staged) {
+    if (xq) stage_twin(xq, xq_scale, x8, x_stride, xsc, T, K, c_begin, c_end);
+    else stage_inputs8<G>(x, xb, x8, x_stride, xsc, T, K, c_begin, c_end);
     __syncthreads();
   } else if constexpr (XSmem) {
     stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end);
@@ -433,17 +459,48 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   auto unit_chunks = [&](int slot, int su) {
     return reinterpret_cast<const uint4*>(rings + slot * stage_bytes + su * w.unit_bytes + w.slots * kSlotBytes);
   };
-  if constexpr (A8) {
-    // The lane's token row (lanes past T read the last token's) and its tokens' scales.
-    const unsigned char* x8p = x8 + min(lane / 4, T - 1) * x_stride + 16 * (lane % 4);
-    const float* xsp = xsc + 2 * (lane % 4);
+  if constexpr (A8 != 0) {
+    // The lane's token row (lanes past T read the last token's) and the scales of its tokens 2 q4
+    // and 2 q4 + 1 (at most the last), from the block's first chunk; xs_step floats a chunk.
+    const unsigned char* x8p;
+    const float *xs0, *xs1;
+    int xs_step;
+    if constexpr (A8 == kA8Staged) {
+      x8p = x8 + min(lane / 4, T - 1) * x_stride + 16 * (lane % 4);
+      xs0 = xsc + 2 * (lane % 4);
+      xs1 = xs0 + 1;
+      xs_step = 8;
+    } else {
+      const int chunks = K / kChunk;
+      x8p = reinterpret_cast<const unsigned char*>(xq) + int64_t(min(lane / 4, T - 1)) * K + c_begin * kChunk +
+            16 * (lane % 4);
+      xs0 = xq_scale + min(2 * (lane % 4), T - 1) * chunks + c_begin;
+      xs1 = xq_scale + min(2 * (lane % 4) + 1, T - 1) * chunks + c_begin;
+      xs_step = 1;
+    }
     auto inputs8 = [&](int q, uint4& xv, float2& xs) {  // chunk q of the stage
-      xv = *reinterpret_cast<const uint4*>(x8p + q * kChunk);
-      xs = *reinterpret_cast<const float2*>(xsp + q * 8);
+      if constexpr (A8 == kA8Staged) {
+        xv = *reinterpret_cast<const uint4*>(x8p + q * kChunk);
+        xs = *reinterpret_cast<const float2*>(xs0 + q * 8);
+      } else {
+        xv = __ldg(reinterpret_cast<const uint4*>(x8p + q * kChunk));
+        xs = make_float2(__ldg(xs0 + q), __ldg(xs1 + q));
+      }
     };
     for (int i = 0; i < my_stages; ++i) {
       const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
-      if (n == SC) {
+      if (n == SC && XAhead) {  // the stage's inputs asked for before its weights are waited for
+        uint4 xv[SC];
+        float2 xs[SC];
+#pragma unroll
+        for (int q = 0; q < SC; ++q) inputs8(q, xv[q], xs[q]);
+        mbar_wait(&full[slot], (i / S) & 1);
+#pragma unroll
+        for (int u0 = 0; u0 < kUnitChunks; u0 += V)
+          stage_chunks8<V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
+                           reinterpret_cast<const uint4(&)[V]>(xv[u0]), reinterpret_cast<const float2(&)[V]>(xs[u0]),
+                           soff, acc);
+      } else if (n == SC) {
         mbar_wait(&full[slot], (i / S) & 1);
 #pragma unroll
         for (int su = 0; su < SU; ++su)
@@ -470,7 +527,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       __syncwarp();  // every lane has read the slot before it is refilled
       if (lane == 0 && i + S < my_stages) request(warp, i + S);
       x8p += SC * kChunk;
-      xsp += SC * 8;
+      xs0 += SC * xs_step;
+      xs1 += SC * xs_step;
     }
   } else {
     for (int i = 0; i < my_stages; ++i) {
@@ -519,7 +577,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT), int MaxThreads = kWarps * 32, bool A8 = false>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0>
 int tma_kernel_ready() {
   static const int sms = [] {
     raise_dynamic_smem_limit(
@@ -562,25 +620,27 @@ inline bool tma_x_smem_fits(int nt, int T, int K, int splits, int unit_bytes, bo
   return tma_x_smem_form(nt, T, K, splits, unit_bytes, gated) != XSmemForm::kNone;
 }
 
-// W4A8 launches: split (unsplit launches keep their narrow blocks, which read their inputs through
-// L1: staging all of K in each of them cost more than the int8 sums gained, gate_up 30.5 against
-// 29.9 us a launch at one token and 38.9 against 33.3 at 8 on the H200), at most kA8MaxTokens
-// tokens (at 8 the quantising staging lost: verify 8 at 4k 6.66-6.70 against 6.52-6.53 ms, C1 at
-// 1k 5.43-5.46 against 5.49-5.51; docs/perf/2026-12-03-s31-cuda-27b.md), and the inputs beside
-// the rings as tma_x_smem_form allows.
+// W4A8 launches that stage int8 inputs: split ones (unsplit launches keep their narrow blocks,
+// which read their inputs through L1: staging and rounding all of K in each of them cost more than
+// the int8 sums gained, gate_up 30.5 against 29.9 us a launch at one token and 38.9 against 33.3
+// at 8 on the H200; they read a producer's twin instead, launch_tma_twin), the inputs beside the
+// rings as tma_x_smem_form allows, and when they round the inputs at most kA8MaxTokens tokens (at
+// 8 the rounding staging lost: verify 8 at 4k 6.66-6.70 against 6.52-6.53 ms), 8 when they copy a
+// twin (docs/perf/2026-12-03-s31-cuda-27b.md).
 constexpr int kA8MaxTokens = 4;
-inline bool tma_a8_fits(int T, int K, int splits, int unit_bytes, bool gated) {
-  return T >= 1 && T <= kA8MaxTokens && splits > 1 &&
+inline bool tma_a8_fits(int T, int K, int splits, int unit_bytes, bool gated, bool twin = false) {
+  return T >= 1 && T <= (twin ? 8 : kA8MaxTokens) && splits > 1 &&
          tma_x_smem_form(1, T, K, splits, unit_bytes, gated, true) != XSmemForm::kNone;
 }
 
 // W4A8: a one-tile split launch whose blocks quantise their inputs to int8 as they stage them
-// (gated with `gate` on the way), with the rings of tma_x_smem_form; where tma_a8_fits.
+// (gated with `gate` on the way), or copy a producer's twin (a8.q), with the rings of
+// tma_x_smem_form; where tma_a8_fits.
 template <int MinBlocks>
 void launch_tma_a8(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
-                   const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
-                   cudaStream_t s) {
-  DS_ASSERT(tma_a8_fits(T, K, splits, w.unit_bytes, gate != GemvGate::kNone),
+                   const GemvInt8In& a8, const OutParts& out, float* partial, int* counters, int splits, int T,
+                   int N, int K, cudaStream_t s) {
+  DS_ASSERT(tma_a8_fits(T, K, splits, w.unit_bytes, gate != GemvGate::kNone, a8.q != nullptr),
             "W4A8 GEMV: int8 inputs at %d tokens, K %d, %d splits", T, K, splits);
   const int stride = tma_x8_stride(K, splits);
   const XSmemForm form = tma_x_smem_form(1, T, K, splits, w.unit_bytes, gate != GemvGate::kNone, true);
@@ -591,19 +651,43 @@ void launch_tma_a8(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16
     constexpr int Threads = kWarps * 32;
     if (form == XSmemForm::kTwoUnitStages) {
       constexpr int SU = stage_units(1), S = stages_for(1);
-      tma_kernel_ready<1, MinBlocks, false, true, G, SU, S, Threads, true>();
-      launch_kernel("qgemv_tma", qgemv_tma_kernel<1, MinBlocks, false, true, G, SU, S, Threads, true>, grid, block,
-                    smem, s, w, x, xb, out, partial, counters, T, N, K, stride);
+      tma_kernel_ready<1, MinBlocks, false, true, G, SU, S, Threads, kA8Staged>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<1, MinBlocks, false, true, G, SU, S, Threads, kA8Staged>, grid, block,
+                    smem, s, w, x, xb, out, partial, counters, T, N, K, stride, a8.q, a8.scale);
     } else {
       constexpr int S = kOneUnitXSmemStages;
-      tma_kernel_ready<1, MinBlocks, false, true, G, 1, S, Threads, true>();
-      launch_kernel("qgemv_tma", qgemv_tma_kernel<1, MinBlocks, false, true, G, 1, S, Threads, true>, grid, block,
-                    smem, s, w, x, xb, out, partial, counters, T, N, K, stride);
+      tma_kernel_ready<1, MinBlocks, false, true, G, 1, S, Threads, kA8Staged>();
+      launch_kernel("qgemv_tma", qgemv_tma_kernel<1, MinBlocks, false, true, G, 1, S, Threads, kA8Staged>, grid, block,
+                    smem, s, w, x, xb, out, partial, counters, T, N, K, stride, a8.q, a8.scale);
     }
   };
   if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{});
   else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{});
   else go(std::integral_constant<GemvGate, GemvGate::kNone>{});
+}
+
+// W4A8 from a producer's twin (a8.q, GemvInt8In) in an unsplit launch: the narrow blocks of
+// launch_tma, reading the int8 inputs through L1 a stage ahead. (Split launches copy the twin into
+// shared memory: launch_tma_a8.)
+template <int MinBlocks>
+void launch_tma_twin(const W4Tiled& w, const GemvInt8In& a8, const OutParts& out, float* partial, int* counters,
+                     int T, int N, int K, cudaStream_t s) {
+  DS_ASSERT(T >= 1 && T <= 8 && K % kChunk == 0, "W4A8 GEMV: a twin of %d tokens, K %d", T, K);
+  const __nv_bfloat16* none = nullptr;
+  constexpr GemvGate G = GemvGate::kNone;
+  const int warps = tma_narrow_warps(T);
+  const dim3 grid((N + 16 * warps - 1) / (16 * warps));
+  auto narrow = [&](auto stages) {
+    constexpr int Stages = decltype(stages)::value, MaxThreads = kNarrowMaxWarps * 32;
+    const size_t smem = tma_ring_bytes_of(Stages, 1, w.unit_bytes, warps);
+    const int carveout = T == 1 ? kOneTokenCarveout : narrow_carveout(grid.x, smem);
+    tma_kernel_ready<1, 1, true, false, G, 1, Stages, MaxThreads, kA8Twin>();
+    launch_kernel_carveout("qgemv_tma", qgemv_tma_kernel<1, 1, true, false, G, 1, Stages, MaxThreads, kA8Twin>, grid,
+                           dim3(32 * warps), smem, carveout, s, w, none, none, out, partial, counters, T, N, K, 0,
+                           a8.q, a8.scale);
+  };
+  if (T == 1) narrow(std::integral_constant<int, kNarrowStages>{});
+  else narrow(std::integral_constant<int, kNarrowStagesTokens>{});
 }
 
 // XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.
@@ -623,11 +707,11 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
         if (form == XSmemForm::kTwoUnitStages) {
           tma_kernel_ready<NT, MinBlocks, XAhead, true, G>();
           launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G>, grid, block, smem, s, w, x,
-                        xb, out, partial, counters, T, N, K, stride);
+                        xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
         } else {
           tma_kernel_ready<NT, MinBlocks, XAhead, true, G, 1, kOneUnitXSmemStages>();
           launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, 1, kOneUnitXSmemStages>, grid,
-                        block, smem, s, w, x, xb, out, partial, counters, T, N, K, stride);
+                        block, smem, s, w, x, xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
         }
       };
       if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{});
@@ -666,7 +750,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
   const dim3 grid((N + 16 * warps - 1) / (16 * warps), splits);
   const int carveout = splits > 1 ? -1 : T == 1 ? kOneTokenCarveout : narrow_carveout(grid.x * grid.y, smem);
   launch_kernel_carveout("qgemv_tma", kernel, grid, dim3(32 * warps), smem, carveout, s, w, x, xb, out, partial,
-                         counters, T, N, K, 0);
+                         counters, T, N, K, 0, nullptr, nullptr);
 }
 
 }  // namespace ds::cuda::qgemv

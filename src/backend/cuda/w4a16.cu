@@ -359,14 +359,17 @@ bool w4a16_gemv_norms_output(int T, int N, int K, int group, bool gated) {
   return splits > 1 && (!gated || stages_inputs(T, K, group, splits, true));
 }
 
-bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated) {
-  return T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && w4a16_tiled_supports(K, group) &&
-         qgemv::tma_a8_fits(T, K, w4a16_gemv_splits(T, N, K), UnitShape(group).bytes, gated);
+bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated, bool twin) {
+  if (!(T >= 1 && T <= w4a16_gemv_tokens() && w4a16_gemv_tma() && w4a16_tiled_supports(K, group))) return false;
+  const int splits = w4a16_gemv_splits(T, N, K);
+  if (twin && (T > 8 || K % qgemv::kChunk != 0 || gated)) return false;
+  if (twin && splits == 1) return true;  // the narrow blocks read it through L1
+  return qgemv::tma_a8_fits(T, K, splits, UnitShape(group).bytes, gated, twin);
 }
 
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate,
-                       bool a8) {
+                       GemvInt8In a8) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
@@ -381,12 +384,15 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
             "W4A16 GEMV: a norm output needs one split-K launch of the one-tile kernel (T %d, splits %d)", T, splits);
   DS_ASSERT(!out.norm.ss || out.norm.x || w4a16_gemv_scales_output(T),
             "W4A16 GEMV: a norm scale needs one launch of the one-tile kernel (T %d)", T);
-  DS_ASSERT(!a8 || w4a16_gemv_takes_a8(T, N, K, group, gate != GemvGate::kNone),
+  DS_ASSERT(!a8.on || w4a16_gemv_takes_a8(T, N, K, group, gate != GemvGate::kNone, a8.q != nullptr),
             "W4A16 GEMV: int8 inputs at T %d, N %d, K %d", T, N, K);
+  DS_ASSERT(!a8.q || (gate == GemvGate::kNone && aligned16(a8.q)), "W4A16 GEMV: an int8 twin is the whole input");
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
-  if (a8) {
-    qgemv::launch_tma_a8<Kernel<1, 8>::TmaMinBlocks>(w, x, xb, gate, parts, partial, counters, splits, T, N, K, s);
+  if (a8.on) {
+    constexpr int kMinBlocks = Kernel<1, 8>::TmaMinBlocks;
+    if (a8.q && splits == 1) qgemv::launch_tma_twin<kMinBlocks>(w, a8, parts, partial, counters, T, N, K, s);
+    else qgemv::launch_tma_a8<kMinBlocks>(w, x, xb, gate, a8, parts, partial, counters, splits, T, N, K, s);
     return;
   }
   if (takes_wide(T)) {
