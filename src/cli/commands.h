@@ -12,6 +12,9 @@ namespace ds {
 [[noreturn]] void cli_fail(const std::string& message);
 // "1,2,3" -> ids ("" -> none); anything else fails naming the bad entry.
 std::vector<int32_t> cli_parse_ids(const std::string& text);
+// The help of --w4a8 (parse_act_int8_layers), on serve and bench model.
+inline constexpr const char* kW4A8Help =
+    "layer classes whose W4A16 linears read int8 inputs (W4A8): none, all, or a list of mlp, linear_attn, self_attn";
 
 // logits, generate
 void register_model_commands(CLI::App& app);

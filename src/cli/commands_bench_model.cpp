@@ -110,10 +110,7 @@ void register_bench_model_command(CLI::App& bench) {
   m->add_flag("--synthetic", a->synthetic, "random weights of the config's shapes, drawn on the GPU");
   m->add_option("--model", a->model_dir, "benchmark a checkpoint folder instead");
   m->add_flag("--w4a16", a->w4a16, "synthetic linears as W4A16 group 128 (lm_head, in_proj_a/b stay bf16)");
-  m->add_option("--w4a8", a->w4a8,
-                "layer classes whose W4A16 linears read int8 inputs (W4A8): none, all, or a list of mlp, "
-                "linear_attn, self_attn")
-      ->capture_default_str();
+  m->add_option("--w4a8", a->w4a8, kW4A8Help)->capture_default_str();
   m->add_option("--lm-head-dtype", a->lm_head_dtype, "embedding table and lm_head storage: int8 (group 128) or bf16")
       ->capture_default_str();
   m->add_option("--batches", a->o.decode_batches, "decode batch sizes")->delimiter(',')->capture_default_str();

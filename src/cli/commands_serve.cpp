@@ -93,10 +93,7 @@ void register_serve_commands(CLI::App& app) {
   s->add_flag("--synthetic", *synthetic,
               "serve random weights (token-id prompts; a stand-in tokenizer writes id N as \"<tN>\")");
   s->add_flag("--w4a16", o->synthetic_w4a16, "with --synthetic: W4A16 linears (GPU)");
-  s->add_option("--w4a8", o->w4a8,
-                "layer classes whose W4A16 linears read int8 inputs (W4A8): none, all, or a list of mlp, "
-                "linear_attn, self_attn")
-      ->capture_default_str();
+  s->add_option("--w4a8", o->w4a8, kW4A8Help)->capture_default_str();
   s->callback([o, config, synthetic] { run_serve(*o, *config, *synthetic); });
 }
 
