@@ -307,6 +307,18 @@ __device__ __forceinline__ float norm_rows(const OutParts& out, int64_t at, uint
   return sq;
 }
 
+// W4A8 inputs in GemvInt8In's layout (ops/act_int8.h's rounding): 4 consecutive inputs f of a
+// chunk whose max |x| is amax, as int8 stored in the column order 0, 2, 1, 3 (the order of the
+// int8 mma's codes); and the chunk's scale, with the 1/16 of those codes.
+__device__ __forceinline__ uint32_t int8x4_of(const float* f, float amax) {
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  uint32_t q[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) q[k] = static_cast<uint32_t>(__float2int_rn(f[k] * inv)) & 0xFFu;
+  return q[0] | q[2] << 8 | q[1] << 16 | q[3] << 24;
+}
+__device__ __forceinline__ float int8_input_scale(float amax) { return amax / (127.f * 16.f); }
+
 // The int8 twin of a producer's rows n .. n + 3 of token t (hv: their bf16 values; out.norm.q8,
 // GemvInt8In's layout): the whole warp calls, lanes 0-15 and 16-31 each one 64-row chunk (n0 + 4
 // lane a multiple of 128 at lane 0), rows from N (N % 64 == 0: whole chunks) left out.
@@ -317,12 +329,8 @@ __device__ __forceinline__ void norm_rows_int8(const GemvNorm& norm, uint2 hv, i
 #pragma unroll
   for (int o = 1; o < 16; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
   if (n >= N) return;
-  const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  uint32_t q[4];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) q[k] = static_cast<uint32_t>(__float2int_rn(f[k] * inv)) & 0xFFu;
-  *reinterpret_cast<uint32_t*>(norm.q8 + int64_t(t) * N + n) = q[0] | q[2] << 8 | q[1] << 16 | q[3] << 24;
-  if (lane % 16 == 0) norm.q8_scale[t * (N / kChunk) + n / kChunk] = amax / (127.f * 16.f);
+  *reinterpret_cast<uint32_t*>(norm.q8 + int64_t(t) * N + n) = int8x4_of(f, amax);
+  if (lane % 16 == 0) norm.q8_scale[t * (N / kChunk) + n / kChunk] = int8_input_scale(amax);
 }
 
 // The block's results to out: directly without split-K, else through the partials (the last

@@ -144,6 +144,18 @@ __device__ __forceinline__ void load_inputs(const __nv_bfloat16* const (&xs)[NT]
       }
 }
 
+// The lane's codes of V chunks of a stage from chunk u0 (chunks: the stage's u32
+// [kUnitChunks][32][4]) and its rows' scales (soff[u]: chunk u's, in float2 of `scales`).
+template <int V>
+__device__ __forceinline__ void chunk_codes(const uint4* chunks, const float2* scales, int u0, int lane,
+                                            const int (&soff)[kUnitChunks], uint4 (&wv)[V], float2 (&sv)[V]) {
+#pragma unroll
+  for (int v = 0; v < V; ++v) {
+    wv[v] = chunks[(u0 + v) * 32 + lane];
+    sv[v] = scales[soff[u0 + v] + lane / 4];
+  }
+}
+
 // acc += V chunks of a stage (from chunk u0; chunks: the stage's u32 [kUnitChunks][32][4], scales:
 // its slots f32 [slots][8][2]), their k-steps interleaved so the V accumulator chains of the tensor
 // cores overlap. xv: their inputs (load_inputs); soff[u]: chunk u's scales, in float2 of `scales`.
@@ -153,11 +165,7 @@ __device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* 
                                              float (&acc)[NT][4]) {
   uint4 wv[V];
   float2 sv[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    wv[v] = chunks[(u0 + v) * 32 + lane];
-    sv[v] = scales[soff[u0 + v] + lane / 4];
-  }
+  chunk_codes<V>(chunks, scales, u0, lane, soff, wv, sv);
   float p[V][NT][4] = {};
 #pragma unroll
   for (int j = 0; j < 4; ++j)  // k-step j: columns 4j.. of the lane's x words (h = j / 2)
@@ -184,7 +192,7 @@ __device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* 
 
 // A8: the int4 codes of word w (nibbles 0, 2, 4, 6: row g; 1, 3, 5, 7: row g + 8; stored q + 8)
 // as int8 16 q, rows g and g + 8, columns in the order 0, 2, 1, 3 of the word's 4 (the order the
-// staged inputs follow, stage_inputs8).
+// int8 inputs follow, int8x4_of).
 __device__ __forceinline__ uint32_t codes_row_g(uint32_t w) { return ((w << 4) & 0xF0F0F0F0u) ^ 0x80808080u; }
 __device__ __forceinline__ uint32_t codes_row_g8(uint32_t w) { return (w & 0xF0F0F0F0u) ^ 0x80808080u; }
 
@@ -197,11 +205,7 @@ __device__ __forceinline__ void stage_chunks8(const uint4* chunks, const float2*
                                               const int (&soff)[kUnitChunks], float (&acc)[1][4]) {
   uint4 wv[V];
   float2 sv[V];
-#pragma unroll
-  for (int v = 0; v < V; ++v) {
-    wv[v] = chunks[(u0 + v) * 32 + lane];
-    sv[v] = scales[soff[u0 + v] + lane / 4];
-  }
+  chunk_codes<V>(chunks, scales, u0, lane, soff, wv, sv);
   int p[V][4] = {};
 #pragma unroll
   for (int st = 0; st < 2; ++st)  // mma step st: words 2 st and 2 st + 1 (columns 8 st .. of the lane's 16)
@@ -302,7 +306,7 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
 // into x8 (int8 [T][x8_stride]) and xsc (f32 [chunks][8]: max |x| / (127 16) of each token's
 // chunk, 0 for tokens from T). A thread takes 8 inputs a piece (a chunk is 8 consecutive lanes,
 // which share its maximum by shuffles), stored in the column order 0, 2, 1, 3 of each 4
-// (codes_row_g); its kPiecesInFlight pieces' loads are issued before any is used, so a block pays
+// (int8x4_of); its kPiecesInFlight pieces' loads are issued before any is used, so a block pays
 // one L2 round trip per kPiecesInFlight pieces a thread, not one per piece.
 constexpr int kPiecesInFlight = 4;
 template <GemvGate G>
@@ -339,13 +343,8 @@ __device__ __forceinline__ void stage_inputs8(const __nv_bfloat16* __restrict__ 
 #pragma unroll
       for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
       if (i >= total) continue;
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      uint32_t q[8];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) q[k] = static_cast<uint32_t>(__float2int_rn(f[k] * inv)) & 0xFFu;
-      *reinterpret_cast<uint2*>(x8 + t * x8_stride + 8 * e) =
-          make_uint2(q[0] | q[2] << 8 | q[1] << 16 | q[3] << 24, q[4] | q[6] << 8 | q[5] << 16 | q[7] << 24);
-      if (e % 8 == 0) xsc[(e / 8) * 8 + t] = amax / (127.f * 16.f);
+      *reinterpret_cast<uint2*>(x8 + t * x8_stride + 8 * e) = make_uint2(int8x4_of(f, amax), int8x4_of(f + 4, amax));
+      if (e % 8 == 0) xsc[(e / 8) * 8 + t] = int8_input_scale(amax);
     }
   }
 }
