@@ -747,14 +747,20 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
 }
 
 // The ceilings of the GEMVs' two ways of reading weights (stream_probe.cu), as figures: bulk-copy
-// rings by copy size, stages and warps an SM (2,176 bytes is one W4A16 unit at group 128; blocks
-// of one warp, 17 an SM, are gate_up's narrow launch), each warp's pieces one stream or spread as
-// one front over the buffer; and 16-byte loads in flight.
+// rings by copy size, stages and warps an SM (2,176 bytes is one W4A16 unit at group 128; 8 warps
+// x 3 blocks of 2 x 4,352 bytes are the split launches at one token, 9 warps x 2 blocks of 3 x
+// 2,176 the unsplit ones, gate_up), each warp's pieces one stream or spread as one front over the
+// buffer; and 16-byte loads in flight.
 TEST_F(CudaLinearQuantTest, StreamingCeilings) {
   struct Bulk {
     int bytes, stages, threads, blocks_per_sm;
   };
-  for (Bulk b : std::vector<Bulk>{{1024, 4, 256, 3},
+  for (Bulk b : std::vector<Bulk>{{2176, 2, 288, 2},
+                                  {2176, 3, 288, 2},
+                                  {2176, 4, 288, 2},
+                                  {2176, 5, 288, 2},
+                                  {4352, 2, 288, 2},
+                                  {1024, 4, 256, 3},
                                   {2176, 3, 256, 2},
                                   {2176, 3, 256, 3},
                                   {2176, 4, 256, 3},
@@ -793,6 +799,39 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
                 "(%.1f%% of %.0f GB/s)\n",
                 unroll, threads / 32, blocks, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
   }
+}
+
+// What part of the GPU can read, as figures: the same probes on fewer SMs, a block an SM (the
+// rings take more than half an SM's shared memory; the loads' blocks of 32 warps go to idle SMs
+// first, as the block scheduler places them). A step's
+// kernels between two linears (the GDN kernel, attention) hold SMs whose share of the stream the
+// others must then carry.
+TEST_F(CudaLinearQuantTest, StreamingBySmCount) {
+  struct Probe {
+    cuda::StreamProbe::Method method;
+    int bytes, stages, threads;
+  };
+  for (Probe pr : std::vector<Probe>{{cuda::StreamProbe::kBulk, 4352, 2, 768},
+                                     {cuda::StreamProbe::kBulk, 2176, 3, 576},
+                                     {cuda::StreamProbe::kLoads, 0, 0, 1024}})
+    for (int sms : {132, 110, 84, 66, 44}) {
+      cuda::StreamProbe p;
+      p.method = pr.method;
+      p.bytes = pr.bytes;
+      p.stages = pr.stages;
+      p.threads = pr.threads;
+      p.blocks_per_sm = 1;
+      p.sms = sms;
+      p.megabytes = 256;
+      const double gbps = cuda::stream_probe_gbps(p);
+      EXPECT_GT(gbps, 0);
+      if (pr.method == cuda::StreamProbe::kBulk)
+        std::printf("[figure] stream bulk %5d B x %d stages, %2d warps, %3d SMs: %.0f GB/s (%.1f GB/s an SM)\n",
+                    pr.bytes, pr.stages, pr.threads / 32, sms, gbps, gbps / sms);
+      else
+        std::printf("[figure] stream loads 8 x 16 B in flight, %2d warps, %3d SMs: %.0f GB/s (%.1f GB/s an SM)\n",
+                    pr.threads / 32, sms, gbps, gbps / sms);
+    }
 }
 
 // The ceiling of a decode step's weight stream without launch boundaries, as figures: the 27B's

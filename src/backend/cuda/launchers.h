@@ -183,13 +183,16 @@ int w4a16_gemv_step_tokens();
 // A read-only streaming probe (stream_probe.cu): GB/s read from a buffer of `megabytes` by
 // sms * blocks_per_sm blocks of `threads`, either through per-warp rings of `stages` bulk copies
 // of `bytes` (a multiple of 16), or with `unroll` (4 or 8) 16-byte loads in flight per thread;
-// the median of `reps` timed passes over the buffer (median_ms, event_timing.cuh).
+// the median of `reps` timed passes over the buffer (median_ms, event_timing.cuh). sms: the
+// GPU's SM count when 0; fewer reads with part of the GPU, one block an SM where only one fits
+// (the caller's choice of threads and shared memory).
 struct StreamProbe {
   enum Method { kBulk, kLoads } method = kBulk;
   enum Order { kStreams, kFront } order = kStreams;  // kBulk: a warp's pieces (stream_probe.cu)
   int bytes = 2048, stages = 4, unroll = 8;
   int threads = 256, blocks_per_sm = 2;
   int megabytes = 512, reps = 10;
+  int sms = 0;
 };
 double stream_probe_gbps(const StreamProbe& p);
 // The step's weight stream in one persistent launch (stream_probe.cu): phase_bytes in order (each

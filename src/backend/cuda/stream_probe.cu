@@ -235,7 +235,7 @@ double step_stream_probe_ms(const StepStreamProbe& p) {
 }
 
 double stream_probe_gbps(const StreamProbe& p) {
-  const int sms = sm_count();
+  const int sms = p.sms > 0 ? std::min(p.sms, sm_count()) : sm_count();
   const int64_t total = int64_t(p.megabytes) << 20;
   unsigned char* buf = nullptr;
   uint32_t* sink = nullptr;
