@@ -55,15 +55,14 @@ inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
   return tma_ring_bytes_of(stages_for(nt), stage_units(nt), unit_bytes, warps);
 }
 // Warps a block when K is not split (one row block a warp, the rows in order), each warp with its
-// own ring of one-unit stages (kNarrowStages at one token, kNarrowStagesTokens at 2-8), asked for
-// whole before pdl_wait. One token: 9 (98 KB a block at group 128, so at most 2 blocks an SM;
-// gate_up's 2,176 row blocks in 242 blocks): C1 6.08-6.11 ms against 6.20 with one-warp blocks on
+// own ring of kNarrowStages one-unit stages, asked for whole before pdl_wait. One token: 9 (at
+// most 2 blocks an SM; gate_up's 2,176 row blocks in 242 blocks): C1 6.08-6.11 ms against 6.20 with one-warp blocks on
 // the H200, 17 warps a block (one an SM) 6.16-6.17, 4 warps 6.43 (docs/perf/
 // 2026-12-02-s17-cuda-27b.md); 6 warps 6.04-6.09, 8 warps (272 blocks: 8 past two an SM) 7.18-7.20,
 // 12 warps (182 blocks, one an SM) 6.96-6.99 (docs/perf/2026-12-02-s18-cuda-27b.md).
 // 2-8 tokens: 9 as well (verify 8 at 4k 6.89 against 7.07 ms with one-warp blocks, C8 7.37-7.40
 // against 7.59-7.63; 6 warps within 0.05: H200, docs/perf/2026-12-02-s18-cuda-27b.md), each warp
-// with kNarrowStagesTokens stages. More token tiles (without the wide kernel): one-warp blocks.
+// with its ring of kNarrowStages. More token tiles (without the wide kernel): one-warp blocks.
 // env DS_W4A16_NARROW_WARPS = 1 .. kNarrowMaxWarps sets the one-tile launches' warps.
 constexpr int kNarrowWarpsOneToken = 9;
 constexpr int kNarrowWarpsTokens = 9;
@@ -100,14 +99,15 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // beat 3 (120 KB): verify 8 6.67 against 6.74-6.76 ms, verify 4 6.12 against 6.20-6.22, C8
 // 7.04-7.08 against 7.12-7.14, one token unchanged; 4 stages lost 0.2 ms at verify 8, and one
 // stage 0.13-0.14 against 2 at verify 2 and 4 (H200, docs/perf/2026-12-02-s25-cuda-27b.md).
-// At one token 3 stages (60 KB a block of 9 warps) and the whole of the SM's shared memory as the
-// carveout, so one block of the split launch after (74 KB) fits beside the two blocks an SM and
-// is resident, its first weights asked for, while they end: C1 at 1k 5.59-5.62 against 5.64-5.68
-// ms, C1 at 4k 5.60-5.64 against 5.67-5.71, verify 1 5.61-5.64 against 5.67-5.71; 3 stages with
-// the carveout of narrow_carveout (132 KB, no block beside) 5.60-5.62 at C1, 4 stages (164 KB)
-// 5.84-5.85, with either carveout (H200, docs/perf/2026-12-03-s29-cuda-27b.md).
-constexpr int kNarrowStages = 3;
-constexpr int kNarrowStagesTokens = 2;
+// At one token the same 2 stages (40 KB a block of 9 warps) and the whole of the SM's shared
+// memory as the carveout, so blocks of the split launch after (74 KB) fit beside the two blocks an
+// SM and are resident, their first weights asked for, while they end: C1 at 1k 5.37-5.40 against
+// 5.42-5.45 ms with 3 stages, C1 at 4k and verify 1 0.02-0.03 faster, 2-8 tokens unchanged (H200,
+// docs/perf/2026-12-03-s32-cuda-27b.md; a read-only probe of the ring, 9 warps x 2 blocks an SM,
+// reads at 91-94% of the copy rate with 2 stages, 78-80% with 3, 83-86% with 4: StreamingCeilings).
+// (3 stages had beaten 5 at one token, C1 5.59-5.62 against 5.64-5.68 ms, and 4 stages lost
+// 0.2 ms: docs/perf/2026-12-03-s29-cuda-27b.md.)
+constexpr int kNarrowStages = 2;
 constexpr int kOneTokenCarveout = 100;
 // Units of weights a warp of a block of several warps asks for before pdl_wait (one stage of 2
 // units, or 2 of one); the rest of its ring after the block's inputs are staged (or right after
@@ -685,8 +685,7 @@ void launch_tma_twin(const W4Tiled& w, const GemvInt8In& a8, const OutParts& out
                            dim3(32 * warps), smem, carveout, s, w, none, none, out, partial, counters, T, N, K, 0,
                            a8.q, a8.scale);
   };
-  if (T == 1) narrow(std::integral_constant<int, kNarrowStages>{});
-  else narrow(std::integral_constant<int, kNarrowStagesTokens>{});
+  narrow(std::integral_constant<int, kNarrowStages>{});
 }
 
 // XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.
@@ -735,14 +734,9 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       tma_kernel_ready<NT, Min, true, false, GemvGate::kNone, 1, Stages, MaxThreads>();
     };
     if (splits == 1) {
-      using OneToken = std::integral_constant<int, kNarrowStages>;
-      using Tokens = std::integral_constant<int, kNarrowStagesTokens>;
-      using OneWarp = std::integral_constant<int, kWarps * 32>;
-      using Warps = std::integral_constant<int, kNarrowMaxWarps * 32>;
-      if (warps == 1 && T == 1) narrow(OneToken{}, OneWarp{});
-      else if (warps == 1) narrow(Tokens{}, OneWarp{});
-      else if (T == 1) narrow(OneToken{}, Warps{});
-      else narrow(Tokens{}, Warps{});
+      using Stages = std::integral_constant<int, kNarrowStages>;
+      if (warps == 1) narrow(Stages{}, std::integral_constant<int, kWarps * 32>{});
+      else narrow(Stages{}, std::integral_constant<int, kNarrowMaxWarps * 32>{});
     }
   }
   tma_kernel_ready<NT, MinBlocks, XAhead, false>();
