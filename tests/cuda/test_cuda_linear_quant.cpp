@@ -748,9 +748,9 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
 
 // The ceilings of the GEMVs' two ways of reading weights (stream_probe.cu), as figures: bulk-copy
 // rings by copy size, stages and warps an SM (2,176 bytes is one W4A16 unit at group 128; 8 warps
-// x 3 blocks of 2 x 4,352 bytes are the split launches at one token, 9 warps x 2 blocks of 3 x
-// 2,176 the unsplit ones, gate_up), each warp's pieces one stream or spread as one front over the
-// buffer; and 16-byte loads in flight.
+// x 3 blocks of 2 x 4,352 bytes are the split launches at one token, 9 warps x 2 blocks of 2 x
+// 2,176 the unsplit ones such as gate_up: qgemv_tma.cuh kNarrowStages), each warp's pieces one
+// stream or spread as one front over the buffer; and 16-byte loads in flight.
 TEST_F(CudaLinearQuantTest, StreamingCeilings) {
   struct Bulk {
     int bytes, stages, threads, blocks_per_sm;
@@ -803,9 +803,8 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
 
 // What part of the GPU can read, as figures: the same probes on fewer SMs, a block an SM (the
 // rings take more than half an SM's shared memory; the loads' blocks of 32 warps go to idle SMs
-// first, as the block scheduler places them). A step's
-// kernels between two linears (the GDN kernel, attention) hold SMs whose share of the stream the
-// others must then carry.
+// first, as the block scheduler places them). A step's kernels between two linears (the GDN
+// kernel, attention) hold SMs whose share of the stream the others must then carry.
 TEST_F(CudaLinearQuantTest, StreamingBySmCount) {
   struct Probe {
     cuda::StreamProbe::Method method;

@@ -56,9 +56,9 @@ inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
 }
 // Warps a block when K is not split (one row block a warp, the rows in order), each warp with its
 // own ring of kNarrowStages one-unit stages, asked for whole before pdl_wait. One token: 9 (at
-// most 2 blocks an SM; gate_up's 2,176 row blocks in 242 blocks): C1 6.08-6.11 ms against 6.20 with one-warp blocks on
-// the H200, 17 warps a block (one an SM) 6.16-6.17, 4 warps 6.43 (docs/perf/
-// 2026-12-02-s17-cuda-27b.md); 6 warps 6.04-6.09, 8 warps (272 blocks: 8 past two an SM) 7.18-7.20,
+// most 2 blocks an SM; gate_up's 2,176 row blocks in 242 blocks): C1 6.08-6.11 ms against 6.20
+// with one-warp blocks on the H200, 17 warps a block (one an SM) 6.16-6.17, 4 warps 6.43
+// (docs/perf/2026-12-02-s17-cuda-27b.md); 6 warps 6.04-6.09, 8 warps (272 blocks: 8 past two an SM) 7.18-7.20,
 // 12 warps (182 blocks, one an SM) 6.96-6.99 (docs/perf/2026-12-02-s18-cuda-27b.md).
 // 2-8 tokens: 9 as well (verify 8 at 4k 6.89 against 7.07 ms with one-warp blocks, C8 7.37-7.40
 // against 7.59-7.63; 6 warps within 0.05: H200, docs/perf/2026-12-02-s18-cuda-27b.md), each warp
