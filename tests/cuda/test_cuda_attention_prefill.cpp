@@ -1,9 +1,10 @@
 // The tensor-core flash prefill attention (attention_prefill.cu) against the CPU reference,
 // through CudaOps::attention's dispatch: chunks of 1..4096 tokens, cached context from earlier
 // steps, several sequences per step on shuffled block tables, steps mixing decodes and prefill
-// chunks (both kernels), head dims 256 and 128; decode and verify chunks both through the
-// split-KV kernel and through this one with the GQA heads packed (DS_ATTN_DECODE=tc). Then its
-// speed against the split-KV kernel at the 27B shape. Skipped where there is no GPU.
+// chunks (both kernels), head dims 256 and 128; decode and verify chunks through the split-KV
+// kernel, through this one with the GQA heads packed (DS_ATTN_DECODE=tc, DS_ATTN_DECODE_WARPS=0)
+// and through attention_decode_kernel (the default). Then its speed against the split-KV kernel
+// at the 27B shape. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -54,9 +55,20 @@ StepPlan make_plan(const std::vector<int>& lens, const std::vector<int>& past, c
 
 // Which kernel takes decode and verify chunks (launchers.h), put back when a test ends.
 struct DecodeKernelRestored {
-  bool tc = cuda::attention_decode_tc();
-  ~DecodeKernelRestored() { cuda::set_attention_decode_tc(tc); }
+  bool tc = cuda::attention_decode_tc(), warps = cuda::attention_decode_warps();
+  ~DecodeKernelRestored() {
+    cuda::set_attention_decode_tc(tc);
+    cuda::set_attention_decode_warps(warps);
+  }
 };
+// The decode kernels: the split-KV CUDA-core kernel, the flash kernel with the GQA heads packed,
+// and attention_decode_kernel (every warp on each key tile; up to 32 packed rows a sequence).
+enum class DecodeKernel { kSimt, kFlash, kWarps };
+constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kSimt, DecodeKernel::kFlash, DecodeKernel::kWarps};
+void use_decode_kernel(DecodeKernel k) {
+  cuda::set_attention_decode_tc(k != DecodeKernel::kSimt);
+  cuda::set_attention_decode_warps(k == DecodeKernel::kWarps);
+}
 
 class AttentionPrefillTest : public ::testing::Test {
  protected:
@@ -110,7 +122,7 @@ class AttentionPrefillTest : public ::testing::Test {
     std::string what = "hd" + std::to_string(hd) + " nH" + std::to_string(nH) + " nKV" + std::to_string(nKV) + " q_std" +
                        std::to_string(q_std) + " lens";
     for (size_t s = 0; s < lens.size(); ++s) what += " " + std::to_string(lens[s]) + "@" + std::to_string(past[s]);
-    if (cuda::attention_decode_tc()) what += " (decode: tc)";
+    if (cuda::attention_decode_tc()) what += cuda::attention_decode_warps() ? " (decode: warps)" : " (decode: flash)";
     const double err = step(lens, nH, nKV, hd, q_std);
     std::printf("[figure] attention_prefill rel_rms %s: %.2e\n", what.c_str(), err);
     EXPECT_LE(err, kTol) << what;
@@ -131,8 +143,8 @@ class AttentionPrefillTest : public ::testing::Test {
 TEST_F(AttentionPrefillTest, SingleSequenceGqa256) {
   const DecodeKernelRestored restore;
   const int nH = 24, nKV = 4, hd = 256;
-  for (bool tc : {false, true}) {
-    cuda::set_attention_decode_tc(tc);
+  for (DecodeKernel kernel : kDecodeKernels) {
+    use_decode_kernel(kernel);
     for (int T : {1, 17, 63, 500}) {
       init(nKV, hd, 1, 128);
       expect_step({T}, nH, nKV, hd, 1.f);
@@ -161,8 +173,8 @@ TEST_F(AttentionPrefillTest, Chunk4096) {
 // also interleaved.
 TEST_F(AttentionPrefillTest, VarlenMixedSteps) {
   const DecodeKernelRestored restore;
-  for (bool tc : {false, true}) {
-    cuda::set_attention_decode_tc(tc);
+  for (DecodeKernel kernel : kDecodeKernels) {
+    use_decode_kernel(kernel);
     for (int hd : {256, 128}) {
       const int nH = hd == 256 ? 24 : 8, nKV = hd == 256 ? 4 : 2;
       init(nKV, hd, 3, 64);
@@ -176,18 +188,41 @@ TEST_F(AttentionPrefillTest, VarlenMixedSteps) {
 }
 
 // Decode and verify steps only (every chunk <= 16 tokens) on cached contexts of up to 1.7k, five
-// sequences: the split-KV kernel and the packed tensor-core kernel (keys split in stretches of
-// at least 128, 256 for verify blocks; a 16-token block is 96 packed rows of one 128-row tile).
+// sequences, through each decode kernel (keys split in stretches of at least 128, 256 for verify
+// blocks in the flash kernel, 32 in attention_decode_kernel). Blocks of 8 and 16 tokens are 48 and
+// 96 packed rows, past attention_decode_kernel's 32: the flash kernel takes those steps.
 TEST_F(AttentionPrefillTest, DecodeAndVerifySteps) {
   const DecodeKernelRestored restore;
   const int nH = 24, nKV = 4, hd = 256;
-  for (bool tc : {false, true}) {
-    cuda::set_attention_decode_tc(tc);
+  for (DecodeKernel kernel : kDecodeKernels) {
+    use_decode_kernel(kernel);
     init(nKV, hd, 5, 200);
     expect_step({300, 1100, 1700, 64, 1}, nH, nKV, hd, 1.f);  // context (prefill kernel)
     expect_step({1, 1, 1, 1, 1}, nH, nKV, hd, 1.f);
     expect_step({8, 8, 8, 8, 8}, nH, nKV, hd, 2.f);
+    expect_step({4, 2, 4, 1, 3}, nH, nKV, hd, 2.f);  // 24 packed rows: attention_decode_kernel's 2 m-tiles
     expect_step({16, 3, 1, 16, 7}, nH, nKV, hd, 1.f);
+  }
+}
+
+// attention_decode_kernel at head dims 64 and 128 against the flash kernel's packed form and the
+// CPU: GQA groups of 8 (4 new tokens fill the kernel's 32 rows; 8 go to the flash kernel) and 3,
+// contexts that end inside a key tile and on its last key, sequences of different lengths in one
+// step.
+TEST_F(AttentionPrefillTest, DecodeSmallHeadDims) {
+  const DecodeKernelRestored restore;
+  for (DecodeKernel kernel : {DecodeKernel::kFlash, DecodeKernel::kWarps}) {
+    use_decode_kernel(kernel);
+    for (int hd : {64, 128}) {
+      const int nH = hd == 64 ? 8 : 6, nKV = hd == 64 ? 1 : 2;
+      init(nKV, hd, 3, 80);
+      expect_step({1, 63, 500}, nH, nKV, hd, 1.f);  // contexts (prefill kernel)
+      expect_step({1, 1, 1}, nH, nKV, hd, 1.f);     // 2, 64 and 501 keys
+      expect_step({4, 3, 1}, nH, nKV, hd, 2.f);
+      expect_step({1, 2, 4}, nH, nKV, hd, 3.f);
+      expect_step({8, 3, 1}, nH, nKV, hd, 1.f);
+      expect_step({5, 0, 2}, nH, nKV, hd, 1.f);
+    }
   }
 }
 
@@ -252,7 +287,7 @@ TEST_F(AttentionPrefillTest, Speed27B) {
     Tensor d_past = gpu->upload(past.data(), DType::kI32, {1}, DType::kI32);
     Tensor d_cu_new = gpu->upload(cu_new.data(), DType::kI32, {2}, DType::kI32);
     auto* past_p = static_cast<const int32_t*>(d_past.data);
-    const int n_splits = cuda::attention_prefill_splits(1, n_new, nH, hd, n_past + n_new, 1, 512, partial_budget);
+    const int n_splits = cuda::attention_prefill_splits(1, n_new, nH, hd, n_past + n_new, 1, 512, 2, partial_budget);
     auto flash = [&] {
       cuda::launch_attention_prefill(bq, bk, bv, static_cast<cuda::bf16*>(out.data), static_cast<float*>(partial.data),
                                      n_splits, static_cast<const int32_t*>(d_sot.data),

@@ -8,7 +8,8 @@
 // Rows are packed `pack` query heads per token: pack 1 (prefill) gives a CTA consecutive tokens
 // of one query head; pack = the GQA group (decode and verify) gives it every query head of one
 // KV head for consecutive tokens, so one K/V tile serves them all (GQA packing); warps whose 16
-// rows are all past the sequence skip the mma work.
+// rows are all past the sequence skip the mma work. Decode and verify chunks of at most 32 packed
+// rows take attention_decode_kernel instead (below), which puts all 8 warps on each key tile.
 #include <algorithm>
 #include <climits>
 #include <cuda_runtime.h>
@@ -297,6 +298,284 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
+// ---- Decode and verify chunks: at most kDecMaxRows packed rows a sequence, all 8 warps on them.
+// A CTA takes one sequence's rows (MT m-tiles of 16: its new tokens times the GQA group) for one KV
+// head and its split of the keys. Per 64-key tile, warp w computes the scores of keys [8w, 8w + 8)
+// for every row, the row maxima and sums meet in shared memory, every warp then holds the same
+// running max and sum, and warp w accumulates O's head dims [w HD / 8, (w + 1) HD / 8) from the
+// whole tile's P (bf16, in shared memory). So no warp's O is merged with another's, and the tile's
+// mma work is spread over the 8 warps instead of falling on the one warp that owns 16 rows in
+// attention_prefill_kernel (1.5 us a 64-key tile at one token on the H200).
+constexpr int kDecMaxRows = 32;
+constexpr int kDecWarps = 8;
+constexpr int kDecThreads = 32 * kDecWarps;
+constexpr int kDecBN = 64;  // keys per K/V tile: one 8-key n-tile a warp
+
+// Shared memory: Q bf16 [MT 16, HD], K and V bf16 [2][kDecBN, HD], P bf16 [MT 16, kDecBN], the
+// warps' row maxima and sums f32 [2][kDecWarps][MT 16]. hd 256, MT 1: 139 KiB.
+template <int HD, int MT>
+constexpr int decode_smem_bytes() {
+  return (MT * 16 + 4 * kDecBN) * HD * 2 + MT * 16 * kDecBN * 2 + 2 * kDecWarps * MT * 16 * 4;
+}
+
+// grid (nKV, n_seqs, n_splits), kDecThreads threads, decode_smem_bytes<HD, MT>() dynamic shared
+// memory; rows, partial and out as attention_prefill_kernel's with pack = nH / nKV (blockIdx.y
+// counts the sequences with min_len < len <= max_len; each has at most MT 16 rows). Split z takes
+// keys [z n / n_splits, (z + 1) n / n_splits) of the n its last row sees: ranges of keys, not of
+// whole tiles, so that every split reads about as many keys.
+template <int HD, int MT>
+__global__ void __launch_bounds__(kDecThreads, 1)
+    attention_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
+                            const bf16* __restrict__ v_cache, bf16* __restrict__ out, float* __restrict__ partial,
+                            const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ n_past,
+                            const int32_t* __restrict__ block_tables, int max_blocks, int n_seqs, int min_len,
+                            int max_len, int nH, int nKV, int block_size, float scale) {
+  constexpr int CH = HD / 8;         // 16-byte chunks per row
+  constexpr int NTD = HD / 64;       // 8-dim n-tiles of O a warp
+  constexpr int R = MT * 16;         // rows of the CTA
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [R, HD]
+  bf16* sK = sQ + R * HD;                        // [2][kDecBN, HD]
+  bf16* sV = sK + 2 * kDecBN * HD;               // [2][kDecBN, HD]
+  bf16* sP = sV + 2 * kDecBN * HD;               // [R, kDecBN], 16-byte chunks swizzled by row % 8
+  float* red_max = reinterpret_cast<float*>(sP + R * kDecBN);  // [kDecWarps][R]
+  float* red_sum = red_max + kDecWarps * R;                    // [kDecWarps][R]
+
+  int s = 0;
+  for (int tile = blockIdx.y; s < n_seqs; ++s) {  // the blockIdx.y-th sequence in range
+    const int len = cu_seqlens[s + 1] - cu_seqlens[s];
+    if (len <= min_len || len > max_len) continue;
+    if (tile-- == 0) break;
+  }
+  if (s == n_seqs) return;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int pack = nH / nKV, kvh = blockIdx.x, h0 = kvh * pack;
+  const int seq_start = cu_seqlens[s];
+  const int rows = (cu_seqlens[s + 1] - seq_start) * pack;  // valid rows, <= R
+  auto row_th = [&](int r) { return int64_t(seq_start + r / pack) * nH + h0 + r % pack; };
+  const int past = n_past[s];
+  const int n_keys = past + (rows - 1) / pack + 1;  // keys the last row sees
+  // This split's keys [k_begin, k_end) (may be none), in the K/V tiles [kt_begin, kt_end).
+  const int n_splits = gridDim.z;
+  const int k_begin = static_cast<int>(int64_t(blockIdx.z) * n_keys / n_splits);
+  const int k_end = static_cast<int>(int64_t(blockIdx.z + 1) * n_keys / n_splits);
+  const int kt_begin = k_begin / kDecBN, kt_end = k_begin < k_end ? (k_end - 1) / kDecBN + 1 : kt_begin;
+  const int32_t* table = block_tables + int64_t(s) * max_blocks;
+  pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
+  pdl_trigger();
+
+#pragma unroll
+  for (int i = 0; i < (R * CH + kDecThreads - 1) / kDecThreads; ++i) {
+    const int id = tid + i * kDecThreads, row = id / CH, ch = id % CH;
+    if (row < R) {
+      const bool valid = row < rows;
+      cp_async16(smem_u32(sQ + swz<HD>(row, ch)), valid ? q + row_th(row) * HD + ch * 8 : q, valid);
+    }
+  }
+  auto load_kv = [&](int kt, int stage) {
+    bf16* dk = sK + stage * kDecBN * HD;
+    bf16* dv = sV + stage * kDecBN * HD;
+#pragma unroll 2
+    for (int i = 0; i < kDecBN * CH / kDecThreads; ++i) {
+      const int id = tid + i * kDecThreads, row = id / CH, ch = id % CH;
+      const int j = kt * kDecBN + row;
+      const bool valid = j >= k_begin && j < k_end;
+      int64_t off = 0;
+      if (valid) off = ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
+      const int dst = swz<HD>(row, ch);
+      cp_async16(smem_u32(dk + dst), k_cache + off, valid);
+      cp_async16(smem_u32(dv + dst), v_cache + off, valid);
+    }
+  };
+  if (kt_begin < kt_end) load_kv(kt_begin, 0);
+  cp_async_commit();
+  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1);
+  cp_async_commit();
+
+  const int g = lane >> 2, c = lane & 3;
+  const int lm_row = lane & 7, lm_hi = (lane >> 3) & 1, lm_q = lane >> 4;
+  // Causal limit of rows g and g + 8 of each m-tile (rows past the end reuse the last row's).
+  int pos[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) pos[mt][h] = past + min(mt * 16 + g + 8 * h, rows - 1) / pack;
+  const float scale_log2 = scale * 1.4426950408889634f;
+
+  // Q fragments: rows 16 mt + 8 lm_hi + lm_row, chunk 2 kk + lm_q (as attention_prefill_kernel).
+  uint32_t sw_q[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) sw_q[i] = ((2 * i + lm_q) ^ lm_row) << 4;
+  const uint32_t q_row = smem_u32(sQ) + (lm_hi * 8 + lm_row) * HD * 2;
+  // K fragments of two 16-dim steps at once: key 8 warp + lm_row, chunk 2 (kk + lm_q) + lm_hi.
+  uint32_t sw_k[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) sw_k[i] = ((2 * (2 * i + lm_q) + lm_hi) ^ lm_row) << 4;
+  const uint32_t k_row = smem_u32(sK) + (warp * 8 + lm_row) * HD * 2;
+  // V fragments (transposed) of two 16-key steps at once: key 8 (lane / 8) + lm_row, this warp's
+  // chunk NTD warp + j.
+  const uint32_t v_row = smem_u32(sV) + (8 * (lane >> 3) + lm_row) * HD * 2;
+  // P fragments: row 16 mt + 8 lm_hi + lm_row, chunk 2 kk + lm_q of a 64-key row (8 chunks).
+  const uint32_t p_row = smem_u32(sP) + (lm_hi * 8 + lm_row) * kDecBN * 2;
+
+  float o[MT][NTD][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int j = 0; j < NTD; ++j) o[mt][j][0] = o[mt][j][1] = o[mt][j][2] = o[mt][j][3] = 0.f;
+  float m[MT][2], l[MT][2];  // running max (scaled, base 2) and sum of rows g, g + 8: the same in every warp
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
+
+  // One m-tile's Q fragments stay in registers (64 at hd 256) from the first tile on; more are
+  // read from shared memory each tile.
+  uint32_t qf[MT == 1 ? HD / 16 : 1][4];
+  for (int kt = kt_begin; kt < kt_end; ++kt) {
+    cp_async_wait<1>();  // tile kt (and Q) landed for this thread ...
+    __syncthreads();     // ... and for every thread; the last tile's P and sums are read
+    if constexpr (MT == 1)
+      if (kt == kt_begin)
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk) ldmatrix_x4(qf[kk], q_row + (kk / 4) * 128 + sw_q[kk % 4]);
+    const int stage = (kt - kt_begin) & 1;
+    const uint32_t k_base = k_row + stage * kDecBN * HD * 2, v_base = v_row + stage * kDecBN * HD * 2;
+    // S f32 [R, 8] of this warp's keys: two accumulators per m-tile halve the mma chain.
+    float sc[MT][2][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sc[mt][h][0] = sc[mt][h][1] = sc[mt][h][2] = sc[mt][h][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk += 2) {
+      uint32_t b[4];  // dims 16 kk .. 16 kk + 31 of the warp's 8 keys
+      ldmatrix_x4(b, k_base + (kk / 4) * 128 + sw_k[(kk % 4) / 2]);
+      if constexpr (MT == 1) {
+        mma_bf16(sc[0][0], qf[kk], b[0], b[1]);
+        mma_bf16(sc[0][1], qf[kk + 1], b[2], b[3]);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t a0[4], a1[4];
+          ldmatrix_x4(a0, q_row + mt * 16 * HD * 2 + (kk / 4) * 128 + sw_q[kk % 4]);
+          ldmatrix_x4(a1, q_row + mt * 16 * HD * 2 + ((kk + 1) / 4) * 128 + sw_q[(kk + 1) % 4]);
+          mma_bf16(sc[mt][0], a0, b[0], b[1]);
+          mma_bf16(sc[mt][1], a1, b[2], b[3]);
+        }
+      }
+    }
+    const int kv0 = kt * kDecBN;
+    // Keys outside the split, and past a row's position (the first row's is past), are masked.
+    const bool masked = kv0 < k_begin || kv0 + kDecBN > k_end || kv0 + kDecBN - 1 > past;
+    float mx[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float v = (sc[mt][0][e] + sc[mt][1][e]) * scale_log2;
+        const int key = kv0 + warp * 8 + 2 * c + (e & 1);
+        if (masked && (key < k_begin || key >= k_end || key > pos[mt][e >> 1])) v = -INFINITY;
+        sc[mt][0][e] = v;
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float x = fmaxf(sc[mt][0][2 * h], sc[mt][0][2 * h + 1]);
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+        mx[mt][h] = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+        if (c == 0) red_max[warp * R + mt * 16 + g + 8 * h] = mx[mt][h];
+      }
+    }
+    __syncthreads();
+    float corr[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = mt * 16 + g + 8 * h;
+        float mn = m[mt][h];
+#pragma unroll
+        for (int w = 0; w < kDecWarps; ++w) mn = fmaxf(mn, red_max[w * R + r]);
+        const float base = mn == -INFINITY ? 0.f : mn;  // no visible key yet: every p is 0
+        corr[mt][h] = exp2f(m[mt][h] - base);
+        m[mt][h] = mn;
+        const float p0 = exp2f(sc[mt][0][2 * h] - base), p1 = exp2f(sc[mt][0][2 * h + 1] - base);
+        float sum = p0 + p1;
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (c == 0) red_sum[warp * R + r] = sum;
+        // P row r, keys 8 warp + 2c, 2c + 1: chunk `warp` of the row, swizzled by r % 8.
+        *reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(sP) + r * kDecBN * 2 + ((warp ^ (r & 7)) << 4) + 4 * c) =
+            pack_bf16x2(p0, p1);
+      }
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = mt * 16 + g + 8 * h;
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < kDecWarps; ++w) sum += red_sum[w * R + r];
+        l[mt][h] = l[mt][h] * corr[mt][h] + sum;
+#pragma unroll
+        for (int j = 0; j < NTD; ++j) {
+          o[mt][j][2 * h] *= corr[mt][h];
+          o[mt][j][2 * h + 1] *= corr[mt][h];
+        }
+      }
+    // O f32 [R, this warp's dims] += P bf16 [R, 64] . V_tile bf16 [64, this warp's dims]
+#pragma unroll
+    for (int kk = 0; kk < kDecBN / 16; kk += 2) {
+#pragma unroll
+      for (int j = 0; j < NTD; ++j) {
+        const int chunk = NTD * warp + j;
+        uint32_t b[4];  // keys 16 kk .. 16 kk + 31, dims 8 chunk ..
+        ldmatrix_x4_trans(b, v_base + kk * 16 * HD * 2 + (((chunk & ~7) | ((chunk & 7) ^ lm_row)) << 4));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          uint32_t a0[4], a1[4];
+          const uint32_t pr = p_row + mt * 16 * kDecBN * 2;
+          ldmatrix_x4(a0, pr + (((2 * kk + lm_q) ^ lm_row) << 4));
+          ldmatrix_x4(a1, pr + (((2 * kk + 2 + lm_q) ^ lm_row) << 4));
+          mma_bf16(o[mt][j], a0, b[0], b[1]);
+          mma_bf16(o[mt][j], a1, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with this stage and with P before they are refilled
+    if (kt + 2 < kt_end) load_kv(kt + 2, stage);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = mt * 16 + g + 8 * h;
+      if (r >= rows) continue;
+      const int d0 = 8 * NTD * warp + 2 * c;
+      if (n_splits > 1) {
+        // Unnormalised, max in natural-log units: the combine kernel's partial layout. A split with
+        // no visible key for a row leaves max -inf and sum 0, which the combine skips.
+        float* dst = partial + (row_th(r) * n_splits + blockIdx.z) * (HD + 2);
+#pragma unroll
+        for (int j = 0; j < NTD; ++j)
+          *reinterpret_cast<float2*>(dst + d0 + 8 * j) = make_float2(o[mt][j][2 * h], o[mt][j][2 * h + 1]);
+        if (warp == 0 && c == 0) {
+          dst[HD] = m[mt][h] * 0.6931471805599453f;
+          dst[HD + 1] = l[mt][h];
+        }
+      } else {
+        const float inv = 1.f / l[mt][h];
+        bf16* dst = out + row_th(r) * HD;
+#pragma unroll
+        for (int j = 0; j < NTD; ++j)
+          *reinterpret_cast<uint32_t*>(dst + d0 + 8 * j) = pack_bf16x2(o[mt][j][2 * h] * inv, o[mt][j][2 * h + 1] * inv);
+      }
+    }
+}
+
 template <int HD>
 void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, int n_splits,
                     const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
@@ -315,16 +594,50 @@ void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf1
                 block_size, scale);
 }
 
+template <int HD, int MT>
+void launch_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, int n_splits,
+                   const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
+                   int n_seqs, int min_len, int max_len, int nH, int nKV, int block_size, float scale,
+                   cudaStream_t s) {
+  constexpr int smem = decode_smem_bytes<HD, MT>();
+  static const bool configured = [] {  // once per instantiation: more than the default 48 KiB
+    CUDA_CHECK(
+        cudaFuncSetAttribute(attention_decode_kernel<HD, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(nKV, n_seqs, n_splits);
+  launch_kernel("attention_decode", attention_decode_kernel<HD, MT>, grid, kDecThreads, smem, s, q, k_cache, v_cache,
+                out, partial, cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV,
+                block_size, scale);
+}
+
+template <int HD>
+void launch_decode_rows(int rows, const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
+                        int n_splits, const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables,
+                        int max_blocks, int n_seqs, int min_len, int max_len, int nH, int nKV, int block_size,
+                        float scale, cudaStream_t s) {
+  if (rows <= 16)
+    launch_decode<HD, 1>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
+                         n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
+  else
+    launch_decode<HD, 2>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
+                         n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
+}
+
 }  // namespace
 
 bool attention_prefill_supported(int hd) { return hd == 64 || hd == 128 || hd == 256; }
 
+bool attention_decode_takes(int max_len, int pack) {
+  return int64_t(max_len) * pack <= kDecMaxRows && attention_decode_warps();
+}
+
 int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int pack, int min_split_keys,
-                             size_t partial_budget_bytes) {
+                             int waves, size_t partial_budget_bytes) {
   const int n_sms = sm_count();
-  // One CTA per SM: aim for two waves.
   const int ctas = std::max({1, n_seqs, (T * pack + kBM - 1) / kBM}) * (nH / pack);
-  int n = std::min((2 * n_sms + ctas - 1) / ctas, max_ctx / min_split_keys);
+  int n = std::min(waves == 1 ? n_sms / ctas : (waves * n_sms + ctas - 1) / ctas, max_ctx / min_split_keys);
   const size_t per_split = size_t(T) * nH * (hd + 2) * sizeof(float);
   if (n > 1 && size_t(n) * per_split > partial_budget_bytes) n = static_cast<int>(partial_budget_bytes / per_split);
   return std::max(n, 1);
@@ -340,7 +653,21 @@ void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_
   DS_ASSERT(nKV > 0 && nH % nKV == 0, "attention_prefill: %d query heads over %d kv heads", nH, nKV);
   DS_ASSERT(pack == 1 || pack == nH / nKV, "attention_prefill: pack %d (1 or the group, %d)", pack, nH / nKV);
   DS_ASSERT(n_splits == 1 || partial != nullptr, "split attention_prefill needs partial buffers");
-  if (hd == 64)
+  const int64_t decode_rows = int64_t(max_len) * pack;  // most packed rows of a sequence in range
+  if (pack == nH / nKV && attention_decode_takes(max_len, pack)) {
+    if (hd == 64)
+      launch_decode_rows<64>(static_cast<int>(decode_rows), q, k_cache, v_cache, out, partial, n_splits, cu_seqlens,
+                             n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV, block_size, scale,
+                             s);
+    else if (hd == 128)
+      launch_decode_rows<128>(static_cast<int>(decode_rows), q, k_cache, v_cache, out, partial, n_splits,
+                              cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV,
+                              block_size, scale, s);
+    else
+      launch_decode_rows<256>(static_cast<int>(decode_rows), q, k_cache, v_cache, out, partial, n_splits,
+                              cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV,
+                              block_size, scale, s);
+  } else if (hd == 64)
     launch_prefill<64>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
                        n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
   else if (hd == 128)

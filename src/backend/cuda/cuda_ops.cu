@@ -910,7 +910,8 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   // Least keys per split: prefill; decode (up to 2 new tokens a sequence); steps whose short
   // sequences may have more (verify blocks, decodes beside a prefill chunk), whose partials are
   // larger (docs/perf/2026-12-01-s10-cuda-27b.md).
-  constexpr int kPrefillSplitKeys = 512, kDecodeSplitKeys = 128, kVerifySplitKeys = 256;
+  // attention_decode_kernel splits keys in ranges of any length; at least kWarpsSplitKeys each.
+  constexpr int kPrefillSplitKeys = 512, kDecodeSplitKeys = 128, kVerifySplitKeys = 256, kWarpsSplitKeys = 32;
   const bool tc = cuda::attention_prefill_supported(hd);
   const bool prefill = max_chunk_ > kDecodeChunk && tc;
   const int split_max_chunk = prefill ? kDecodeChunk : max_chunk_;
@@ -928,7 +929,7 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   if (prefill) {
     const size_t mark = scratch_mark();
     const int n_splits = cuda::attention_prefill_splits(plan_.n_seqs() - n_short, T, nH, hd, max_ctx_, 1,
-                                                        kPrefillSplitKeys, budget);
+                                                        kPrefillSplitKeys, 2, budget);
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
     cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
                                    impl_->n_past, impl_->block_tables, table_width_, T, plan_.n_seqs(), kDecodeChunk,
@@ -938,10 +939,13 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   if (t_end <= t_begin) return;
   if (tc && cuda::attention_decode_tc()) {
     // Partials are indexed by token from 0: t_end rows.
+    // attention_decode_kernel's CTAs run in one wave (a second would double the chain of a CTA's
+    // loads and arithmetic); the flash kernel's in two.
     const int pack = nH / nKV;
-    const int least = split_max_chunk > 2 ? kVerifySplitKeys : kDecodeSplitKeys;
+    const bool warps = cuda::attention_decode_takes(split_max_chunk, pack);
+    const int least = warps ? kWarpsSplitKeys : split_max_chunk > 2 ? kVerifySplitKeys : kDecodeSplitKeys;
     const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, least,
-                                                        budget);
+                                                        warps ? 1 : 2, budget);
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(t_end) * nH * n_splits, hd + 2})) : nullptr;
     cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
                                    impl_->n_past, impl_->block_tables, table_width_, t_end, plan_.n_seqs(), 0,

@@ -68,6 +68,7 @@ bool env_choice(const char* name, const char* off, const char* on, bool dflt) {
 namespace {
 bool g_pdl = env_flag("DS_PDL", true);
 bool g_attention_decode_tc = env_choice("DS_ATTN_DECODE", "simt", "tc", true);
+bool g_attention_decode_warps = env_flag("DS_ATTN_DECODE_WARPS", true);
 
 // An attribute of the current device, asked of the driver.
 int current_device_attribute(cudaDeviceAttr attr) {
@@ -91,4 +92,6 @@ int smem_per_sm() {
 }
 bool attention_decode_tc() { return g_attention_decode_tc; }
 void set_attention_decode_tc(bool on) { g_attention_decode_tc = on; }
+bool attention_decode_warps() { return g_attention_decode_warps; }
+void set_attention_decode_warps(bool on) { g_attention_decode_warps = on; }
 }  // namespace ds::cuda

@@ -367,12 +367,17 @@ void launch_attention_combine(const float* partial, bf16* out, const int32_t* se
                               cudaStream_t s);
 // Whether launch_attention_prefill has a kernel for this head dim (64, 128, 256).
 bool attention_prefill_supported(int hd);
-// Key splits for launch_attention_prefill: enough CTAs for two waves on this GPU when the step
-// has few query tiles and long contexts (at least min_split_keys keys per split), within the
-// partial budget (f32 [T, nH, n_splits, hd + 2]).
+// Whether launch_attention_prefill gives the sequences of at most max_len new tokens, their
+// query heads packed per KV head (pack = nH / nKV), to attention_decode_kernel: at most 32 rows
+// and attention_decode_warps().
+bool attention_decode_takes(int max_len, int pack);
+// Key splits for launch_attention_prefill: enough CTAs for `waves` waves on this GPU (one CTA an
+// SM) when the step has few query tiles and long contexts (at least min_split_keys keys per
+// split), within the partial budget (f32 [T, nH, n_splits, hd + 2]). With one wave the count
+// is rounded down, so every CTA runs at once.
 // n_seqs: sequences the launch serves (each has at least one tile); T: tokens of the partials.
 int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int pack, int min_split_keys,
-                             size_t partial_budget_bytes);
+                             int waves, size_t partial_budget_bytes);
 // Tensor-core causal GQA attention (flash, tiles of 128 query rows) for the sequences with
 // min_len < new tokens <= max_len; rows of the other sequences are left untouched. pack 1 (a
 // CTA per query head: prefill) or nH / nKV (a CTA per KV head, its query heads packed into the
@@ -389,6 +394,12 @@ void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_
 // switch it. (tc measured faster at every shape on the H200: docs/perf/2026-11-29-s5-cuda-27b.md.)
 bool attention_decode_tc();
 void set_attention_decode_tc(bool on);
+// Within launch_attention_prefill, whether sequences of at most 32 packed rows (new tokens times
+// the GQA group) take attention_decode_kernel, every warp on each 64-key tile (true, default), or
+// the flash kernel whose one warp owns 16 rows. env DS_ATTN_DECODE_WARPS = 1 | 0; tests may
+// switch it.
+bool attention_decode_warps();
+void set_attention_decode_warps(bool on);
 
 // Per-row parameters of launch_sample, built on the host from a SampleRowSpec.
 struct SampleRowParams {
