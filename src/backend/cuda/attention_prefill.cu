@@ -48,6 +48,28 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Keys [kt kBN, (kt + 1) kBN) of KV head kvh into one stage (dk, dv bf16 [kBN, HD], swizzled),
+// gathered through the sequence's block table by cp.async, kThreads threads; keys outside [lo, hi)
+// are zeros (the callers mask them). Both kernels' K/V tiles.
+template <int HD>
+__device__ __forceinline__ void load_kv_tile(bf16* dk, bf16* dv, const bf16* k_cache, const bf16* v_cache,
+                                             const int32_t* table, int block_size, int nKV, int kvh, int kt, int lo,
+                                             int hi, int tid) {
+  constexpr int CH = HD / 8;  // 16-byte chunks per row
+  static_assert((kBN * CH) % kThreads == 0, "a K/V tile in whole rounds of the CTA");
+#pragma unroll 2  // fully unrolled, the table lookups spill at hd 256
+  for (int i = 0; i < kBN * CH / kThreads; ++i) {
+    const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
+    const int j = kt * kBN + row;
+    const bool valid = j >= lo && j < hi;
+    int64_t off = 0;
+    if (valid) off = ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
+    const int dst = swz<HD>(row, ch);
+    cp_async16(smem_u32(dk + dst), k_cache + off, valid);
+    cp_async16(smem_u32(dv + dst), v_cache + off, valid);
+  }
+}
+
 // grid (nH / pack, tile bound, n_splits), kThreads threads, prefill_smem_bytes<HD>() dynamic
 // shared memory. A sequence of len new tokens has len * pack rows, row r being token r / pack
 // and query head blockIdx.x * pack + r % pack. Query tiles of the sequences with min_len < len
@@ -109,19 +131,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // K/V tile `kt` into stage `stage` (zeros for keys >= n_keys: they are masked below).
   auto load_kv = [&](int kt, int stage) {
-    bf16* dk = sK + stage * kBN * HD;
-    bf16* dv = sV + stage * kBN * HD;
-#pragma unroll 2  // fully unrolled, the table lookups spill at hd 256
-    for (int i = 0; i < kBN * CH / kThreads; ++i) {
-      const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
-      const int j = kt * kBN + row;
-      const bool valid = j < n_keys;
-      int64_t off = 0;
-      if (valid) off = ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
-      const int dst = swz<HD>(row, ch);
-      cp_async16(smem_u32(dk + dst), k_cache + off, valid);
-      cp_async16(smem_u32(dv + dst), v_cache + off, valid);
-    }
+    load_kv_tile<HD>(sK + stage * kBN * HD, sV + stage * kBN * HD, k_cache, v_cache, table, block_size, nKV, kvh, kt, 0,
+                     n_keys, tid);
   };
   // cp.async group g holds K/V tile kt_begin + g (group 0 also Q); empty groups keep the count
   // uniform.
@@ -309,7 +320,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kDecMaxRows = 32;
 constexpr int kDecWarps = 8;
 constexpr int kDecThreads = 32 * kDecWarps;
-constexpr int kDecBN = 64;  // keys per K/V tile: one 8-key n-tile a warp
+constexpr int kDecBN = kBN;  // keys per K/V tile (load_kv_tile's): one 8-key n-tile a warp
+static_assert(kDecThreads == kThreads, "attention_decode_kernel loads its tiles with load_kv_tile");
 
 // Shared memory: Q bf16 [MT 16, HD], K and V bf16 [2][kDecBN, HD], P bf16 [MT 16, kDecBN], the
 // warps' row maxima and sums f32 [2][kDecWarps][MT 16]. hd 256, MT 1: 139 KiB.
@@ -373,20 +385,9 @@ __global__ void __launch_bounds__(kDecThreads, 1)
       cp_async16(smem_u32(sQ + swz<HD>(row, ch)), valid ? q + row_th(row) * HD + ch * 8 : q, valid);
     }
   }
-  auto load_kv = [&](int kt, int stage) {
-    bf16* dk = sK + stage * kDecBN * HD;
-    bf16* dv = sV + stage * kDecBN * HD;
-#pragma unroll 2
-    for (int i = 0; i < kDecBN * CH / kDecThreads; ++i) {
-      const int id = tid + i * kDecThreads, row = id / CH, ch = id % CH;
-      const int j = kt * kDecBN + row;
-      const bool valid = j >= k_begin && j < k_end;
-      int64_t off = 0;
-      if (valid) off = ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
-      const int dst = swz<HD>(row, ch);
-      cp_async16(smem_u32(dk + dst), k_cache + off, valid);
-      cp_async16(smem_u32(dv + dst), v_cache + off, valid);
-    }
+  auto load_kv = [&](int kt, int stage) {  // the split's keys; zeros outside them (masked below)
+    load_kv_tile<HD>(sK + stage * kDecBN * HD, sV + stage * kDecBN * HD, k_cache, v_cache, table, block_size, nKV, kvh,
+                     kt, k_begin, k_end, tid);
   };
   if (kt_begin < kt_end) load_kv(kt_begin, 0);
   cp_async_commit();
