@@ -110,8 +110,11 @@ inline int narrow_carveout(int blocks, size_t smem) {
 constexpr int kNarrowStages = 2;
 constexpr int kOneTokenCarveout = 100;
 // Units of weights a warp of a block of several warps asks for before pdl_wait (one stage of 2
-// units, or 2 of one); the rest of its ring after the block's inputs are staged (or right after
-// pdl_wait when the inputs come through L1). The whole ring before the wait put the inputs' loads
+// units, or 2 of one); the rest of its ring as soon as lane 0 has asked for its first inputs to
+// stage, so the copies queue behind them (or right after pdl_wait when the inputs come through
+// L1). Rather than after the whole block's staging and its barrier: C1 at 1k 5.267-5.271 against
+// 5.303-5.343 ms, qkvz at one token 13.59 against 13.97 us a launch, 2-8 tokens even (H200,
+// docs/perf/2026-12-03-s34-cuda-27b.md). The whole ring before the wait put the inputs' loads
 // behind up to 209 KB of weight copies an SM (H200: C1 6.41 against 6.25 ms, verify 1 6.46 against
 // 6.31; the rest asked for right after pdl_wait instead of after the staging: C1 6.43; no stage
 // early: C1 6.64; one-warp blocks, which stage no inputs, gained nothing from fewer early stages:
@@ -266,17 +269,18 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
 }
 
 // XSmem: the block's inputs for chunks [c_begin, c_end) of every token into x_smem (bf16
-// [T][x_stride]), gated on the way with G, by every thread in 16-byte pieces. Async (ungated
+// [T][x_stride]), gated on the way with G, by every thread in 16-byte pieces; each thread calls
+// after_loads() once, as soon as its first pieces are asked for. Async (ungated
 // inputs beside the one-unit rings, 2-8 tokens): by cp.async, all of a thread's pieces in flight
 // at once, where a loop of one load and store a piece pays an L2 round trip per 256 pieces (C8
 // 8.19 against 8.25 ms, verify 8 7.82 against 7.93 on the H200: docs/perf/
 // 2026-12-01-s14-cuda-27b.md). The other forms keep that loop: the one-token rings have a piece
 // a thread (cp.async was 0.06 ms slower at C1), and gated inputs loaded in batches before their
 // gates gained nothing.
-template <GemvGate G, bool Async>
+template <GemvGate G, bool Async, class AfterLoads>
 __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                                              __nv_bfloat16* x_smem, int x_stride, int T, int K, int c_begin,
-                                             int c_end) {
+                                             int c_end, AfterLoads after_loads) {
   const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a token's row
   const int total = T * row;
   if constexpr (Async && G == GemvGate::kNone) {
@@ -290,15 +294,20 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
       if (e >= row) e -= row, ++t;
     }
     cp_async_commit();
+    after_loads();
     cp_async_wait<0>();
   } else {
+    bool asked = false;
     for (int i = threadIdx.x; i < total; i += blockDim.x) {
       const int t = i / row, e = i % row * 8;
       const int64_t at = int64_t(t) * K + int64_t(c_begin) * kChunk + e;
-      uint4 v = __ldg(reinterpret_cast<const uint4*>(x + at));
-      if constexpr (G != GemvGate::kNone) v = gate8<G>(v, __ldg(reinterpret_cast<const uint4*>(xb + at)));
+      uint4 v = __ldg(reinterpret_cast<const uint4*>(x + at)), vb;
+      if constexpr (G != GemvGate::kNone) vb = __ldg(reinterpret_cast<const uint4*>(xb + at));
+      if (!asked) after_loads(), asked = true;
+      if constexpr (G != GemvGate::kNone) v = gate8<G>(v, vb);
       *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) = v;
     }
+    if (!asked) after_loads();
   }
 }
 
@@ -431,12 +440,18 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     if (xq) stage_twin(xq, xq_scale, x8, x_stride, xsc, T, K, c_begin, c_end);
     else stage_inputs8<G>(x, xb, x8, x_stride, xsc, T, K, c_begin, c_end);
     __syncthreads();
-  } else if constexpr (XSmem) {
-    stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end);
-    __syncthreads();
   }
-  if (lane == 0 && warp < row_warps)
-    for (int i = early; i < ring; ++i) request(warp, i);
+  // The rest of the ring (kUnitsBeforeWait): with XSmem once the thread's first inputs are asked for.
+  auto request_rest = [&] {
+    if (lane == 0 && warp < row_warps)
+      for (int i = early; i < ring; ++i) request(warp, i);
+  };
+  if constexpr (A8 == 0 && XSmem) {
+    stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, request_rest);
+    __syncthreads();
+  } else {
+    request_rest();
+  }
   // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
   const __nv_bfloat16* xs[NT];
 #pragma unroll
