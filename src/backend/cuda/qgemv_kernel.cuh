@@ -62,7 +62,10 @@ __device__ __forceinline__ uint32_t bf16x2_sub(uint32_t a, uint32_t b) {
 }
 
 // Nibbles at bits 0-3 and 16-19 of t (stored q + 8) -> bf16x2 (q_lo, q_hi), exact:
-// 0x4300 | n is the bf16 128 + n, minus 136.
+// 0x4300 | n is the bf16 128 + n, minus 136. (Leaving out the subtraction, the mma summing
+// q + 136 and 136 times each chunk's input sum taken off afterwards, was slower on the H200 in
+// every form tried: the sums made at the start of each launch, or a second mma against -136,
+// cost more than the loop saved: docs/perf/2026-12-03-s34-cuda-27b.md.)
 __device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t t) {
   return bf16x2_sub(and_or<0x000F000Fu>(t, 0x43004300u), 0x43084308u);
 }
