@@ -270,8 +270,8 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
 
 // XSmem: the block's inputs for chunks [c_begin, c_end) of every token into x_smem (bf16
 // [T][x_stride]), gated on the way with G, by every thread in 16-byte pieces; each thread calls
-// after_loads() once, as soon as its first pieces are asked for. Async (ungated
-// inputs beside the one-unit rings, 2-8 tokens): by cp.async, all of a thread's pieces in flight
+// after_loads() once, as soon as its first pieces are asked for. Async (ungated inputs beside the
+// one-unit rings, 2-8 tokens): by cp.async, all of a thread's pieces in flight
 // at once, where a loop of one load and store a piece pays an L2 round trip per 256 pieces (C8
 // 8.19 against 8.25 ms, verify 8 7.82 against 7.93 on the H200: docs/perf/
 // 2026-12-01-s14-cuda-27b.md). The other forms keep that loop: the one-token rings have a piece
@@ -303,7 +303,10 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
       const int64_t at = int64_t(t) * K + int64_t(c_begin) * kChunk + e;
       uint4 v = __ldg(reinterpret_cast<const uint4*>(x + at)), vb;
       if constexpr (G != GemvGate::kNone) vb = __ldg(reinterpret_cast<const uint4*>(xb + at));
-      if (!asked) after_loads(), asked = true;
+      if (!asked) {  // the thread's first loads are in flight
+        after_loads();
+        asked = true;
+      }
       if constexpr (G != GemvGate::kNone) v = gate8<G>(v, vb);
       *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) = v;
     }
