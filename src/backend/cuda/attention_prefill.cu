@@ -12,6 +12,7 @@
 // rows take attention_decode_kernel instead (below), which puts all 8 warps on each key tile.
 #include <algorithm>
 #include <climits>
+#include <type_traits>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_check.h"
@@ -613,19 +614,6 @@ void launch_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16
                 block_size, scale);
 }
 
-template <int HD>
-void launch_decode_rows(int rows, const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
-                        int n_splits, const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables,
-                        int max_blocks, int n_seqs, int min_len, int max_len, int nH, int nKV, int block_size,
-                        float scale, cudaStream_t s) {
-  if (rows <= 16)
-    launch_decode<HD, 1>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
-                         n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
-  else
-    launch_decode<HD, 2>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
-                         n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
-}
-
 }  // namespace
 
 bool attention_prefill_supported(int hd) { return hd == 64 || hd == 128 || hd == 256; }
@@ -654,29 +642,24 @@ void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_
   DS_ASSERT(nKV > 0 && nH % nKV == 0, "attention_prefill: %d query heads over %d kv heads", nH, nKV);
   DS_ASSERT(pack == 1 || pack == nH / nKV, "attention_prefill: pack %d (1 or the group, %d)", pack, nH / nKV);
   DS_ASSERT(n_splits == 1 || partial != nullptr, "split attention_prefill needs partial buffers");
-  const int64_t decode_rows = int64_t(max_len) * pack;  // most packed rows of a sequence in range
-  if (pack == nH / nKV && attention_decode_takes(max_len, pack)) {
-    if (hd == 64)
-      launch_decode_rows<64>(static_cast<int>(decode_rows), q, k_cache, v_cache, out, partial, n_splits, cu_seqlens,
-                             n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV, block_size, scale,
-                             s);
-    else if (hd == 128)
-      launch_decode_rows<128>(static_cast<int>(decode_rows), q, k_cache, v_cache, out, partial, n_splits,
-                              cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV,
-                              block_size, scale, s);
+  // attention_decode_kernel for sequences of at most 32 packed rows (one m-tile up to 16), else
+  // the flash kernel.
+  const bool decode = pack == nH / nKV && attention_decode_takes(max_len, pack);
+  auto go = [&](auto head_dim) {
+    constexpr int HD = decltype(head_dim)::value;
+    if (!decode)
+      launch_prefill<HD>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
+                         n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
+    else if (max_len * pack <= 16)
+      launch_decode<HD, 1>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
+                           n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
     else
-      launch_decode_rows<256>(static_cast<int>(decode_rows), q, k_cache, v_cache, out, partial, n_splits,
-                              cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV,
-                              block_size, scale, s);
-  } else if (hd == 64)
-    launch_prefill<64>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
-                       n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
-  else if (hd == 128)
-    launch_prefill<128>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
-                        n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
-  else
-    launch_prefill<256>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
-                        n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
+      launch_decode<HD, 2>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
+                           n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
+  };
+  if (hd == 64) go(std::integral_constant<int, 64>{});
+  else if (hd == 128) go(std::integral_constant<int, 128>{});
+  else go(std::integral_constant<int, 256>{});
   if (n_splits > 1)
     launch_attention_combine(partial, out, seq_of_token, cu_seqlens, 0, T, min_len, max_len, nH, hd, n_splits, s);
 }
