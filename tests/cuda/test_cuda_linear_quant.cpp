@@ -750,12 +750,19 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
 // rings by copy size, stages and warps an SM (2,176 bytes is one W4A16 unit at group 128; 8 warps
 // x 3 blocks of 2 x 4,352 bytes are the split launches at one token, 9 warps x 2 blocks of 2 x
 // 2,176 the unsplit ones such as gate_up: qgemv_tma.cuh kNarrowStages), each warp's pieces one
-// stream or spread as one front over the buffer; and 16-byte loads in flight.
+// stream or spread as one front over the buffer, filled by bulk copies or by the warp's 16-byte
+// cp.async; and 16-byte loads in flight.
 TEST_F(CudaLinearQuantTest, StreamingCeilings) {
   struct Bulk {
     int bytes, stages, threads, blocks_per_sm;
+    cuda::StreamProbe::Method method = cuda::StreamProbe::kBulk;
   };
+  constexpr auto kAsync = cuda::StreamProbe::kAsync;
   for (Bulk b : std::vector<Bulk>{{2176, 2, 288, 2},
+                                  {2176, 2, 288, 2, kAsync},
+                                  {2176, 3, 288, 2, kAsync},
+                                  {4352, 2, 256, 3, kAsync},
+                                  {2176, 4, 256, 3, kAsync},
                                   {2176, 3, 288, 2},
                                   {2176, 4, 288, 2},
                                   {2176, 5, 288, 2},
@@ -774,7 +781,7 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
                                   {2176, 5, 32, 17}})
     for (auto order : {cuda::StreamProbe::kStreams, cuda::StreamProbe::kFront}) {
       cuda::StreamProbe p;
-      p.method = cuda::StreamProbe::kBulk;
+      p.method = b.method;
       p.order = order;
       p.bytes = b.bytes;
       p.stages = b.stages;
@@ -782,10 +789,10 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
       p.blocks_per_sm = b.blocks_per_sm;
       const double gbps = cuda::stream_probe_gbps(p);
       EXPECT_GT(gbps, 0);
-      std::printf("[figure] stream bulk %-7s %5d B x %d stages, %2d warps x %2d blocks an SM: %.0f GB/s "
+      std::printf("[figure] stream %-5s %-7s %5d B x %d stages, %2d warps x %2d blocks an SM: %.0f GB/s "
                   "(%.1f%% of %.0f GB/s)\n",
-                  order == cuda::StreamProbe::kFront ? "front" : "streams", b.bytes, b.stages, b.threads / 32,
-                  b.blocks_per_sm, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
+                  b.method == kAsync ? "async" : "bulk", order == cuda::StreamProbe::kFront ? "front" : "streams",
+                  b.bytes, b.stages, b.threads / 32, b.blocks_per_sm, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
     }
   for (auto [unroll, threads, blocks] : std::vector<std::array<int, 3>>{{4, 256, 4}, {8, 256, 3}, {8, 512, 2}}) {
     cuda::StreamProbe p;
@@ -806,16 +813,24 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
 // first, as the block scheduler places them). A step's kernels between two linears (the GDN
 // kernel, attention) hold SMs whose share of the stream the others must then carry.
 TEST_F(CudaLinearQuantTest, StreamingBySmCount) {
+  using SP = cuda::StreamProbe;
   struct Probe {
-    cuda::StreamProbe::Method method;
+    SP::Method method;
     int bytes, stages, threads;
+    SP::Order order = SP::kStreams;
   };
-  for (Probe pr : std::vector<Probe>{{cuda::StreamProbe::kBulk, 4352, 2, 768},
-                                     {cuda::StreamProbe::kBulk, 2176, 3, 576},
-                                     {cuda::StreamProbe::kLoads, 0, 0, 1024}})
+  for (Probe pr : std::vector<Probe>{{SP::kBulk, 4352, 2, 768},
+                                     {SP::kBulk, 4352, 2, 768, SP::kFront},
+                                     {SP::kAsync, 4352, 2, 768},
+                                     {SP::kBulk, 2176, 3, 576},
+                                     {SP::kAsync, 2176, 3, 576},
+                                     {SP::kBulk, 2176, 2, 576},
+                                     {SP::kAsync, 2176, 2, 576},
+                                     {SP::kLoads, 0, 0, 1024}})
     for (int sms : {132, 110, 84, 66, 44}) {
       cuda::StreamProbe p;
       p.method = pr.method;
+      p.order = pr.order;
       p.bytes = pr.bytes;
       p.stages = pr.stages;
       p.threads = pr.threads;
@@ -824,8 +839,9 @@ TEST_F(CudaLinearQuantTest, StreamingBySmCount) {
       p.megabytes = 256;
       const double gbps = cuda::stream_probe_gbps(p);
       EXPECT_GT(gbps, 0);
-      if (pr.method == cuda::StreamProbe::kBulk)
-        std::printf("[figure] stream bulk %5d B x %d stages, %2d warps, %3d SMs: %.0f GB/s (%.1f GB/s an SM)\n",
+      if (pr.method != SP::kLoads)
+        std::printf("[figure] stream %-5s %-7s %5d B x %d stages, %2d warps, %3d SMs: %.0f GB/s (%.1f GB/s an SM)\n",
+                    pr.method == SP::kAsync ? "async" : "bulk", pr.order == SP::kFront ? "front" : "streams",
                     pr.bytes, pr.stages, pr.threads / 32, sms, gbps, gbps / sms);
       else
         std::printf("[figure] stream loads 8 x 16 B in flight, %2d warps, %3d SMs: %.0f GB/s (%.1f GB/s an SM)\n",

@@ -187,8 +187,8 @@ int w4a16_gemv_step_tokens();
 // GPU's SM count when 0; fewer reads with part of the GPU, one block an SM where only one fits
 // (the caller's choice of threads and shared memory).
 struct StreamProbe {
-  enum Method { kBulk, kLoads } method = kBulk;
-  enum Order { kStreams, kFront } order = kStreams;  // kBulk: a warp's pieces (stream_probe.cu)
+  enum Method { kBulk, kAsync, kLoads } method = kBulk;
+  enum Order { kStreams, kFront } order = kStreams;  // kBulk, kAsync: a warp's pieces (stream_probe.cu)
   int bytes = 2048, stages = 4, unroll = 8;
   int threads = 256, blocks_per_sm = 2;
   int megabytes = 512, reps = 10;

@@ -100,6 +100,11 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
         : "memory");
   } while (!done);
 }
+// One arrival on bar once every cp.async the thread has issued so far has landed (the barrier's
+// count includes it: noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
 // `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory by the
 // copy unit (TMA, one instruction from one thread), completed on bar.
 __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

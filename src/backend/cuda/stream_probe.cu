@@ -6,6 +6,7 @@
 //           as soon as the warp has read it (qgemv_tma.cuh's scheme). Its share is contiguous
 //           (kStreams: one stream a warp, as the tiled W4A16 layout gives) or every W-th piece of
 //           the buffer for W warps (kFront: the GPU's reads at a time are one contiguous range);
+//   kAsync: as kBulk, each slot filled by the warp's lanes with 16-byte cp.async (LDGSTS);
 //   kLoads: each thread keeps `unroll` 16-byte loads in flight (qgemv_kernel.cuh's scheme).
 // And step_stream_probe_ms: the ceiling of a decode step's weight stream read by one persistent
 // launch whose rings run ahead across the step's linears (no launch boundaries), each linear
@@ -27,6 +28,9 @@ namespace {
 // Warp w of the grid reads n = share / bytes pieces of src: piece i at byte (w * n + i) * bytes
 // (front false) or (i * W + w) * bytes for W warps (front true); sink gets a word that depends on
 // every slot (never equal to the magic value in practice).
+// Async: each slot filled by the warp's 32 lanes with 16-byte cp.async (LDGSTS) instead of one
+// bulk copy, each lane arriving on the slot's barrier once its copies have landed.
+template <bool Async>
 __global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int bytes, int stages, bool front,
                                   uint32_t* sink) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -36,25 +40,30 @@ __global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int b
   const int64_t gw = int64_t(blockIdx.x) * warps + warp, n_warps = int64_t(gridDim.x) * warps;
   const int n = static_cast<int>(share / bytes);
   auto piece = [&](int i) { return src + (front ? int64_t(i) * n_warps + gw : gw * n + i) * bytes; };
-  if (lane == 0) {
-    for (int i = 0; i < stages; ++i) mbar_init(&full[i], 1);
-    mbar_init_fence();
-    for (int i = 0; i < min(stages, n); ++i) {
-      mbar_arrive_expect_tx(&full[i], bytes);
-      bulk_copy_g2s(ring + size_t(i) * bytes, piece(i), bytes, &full[i]);
+  auto fill = [&](int slot, int i) {  // Async: the whole warp; else lane 0
+    unsigned char* dst = ring + size_t(slot) * bytes;
+    if constexpr (Async) {
+      for (int o = 16 * lane; o < bytes; o += 16 * 32) cp_async16(dst + o, piece(i) + o);
+      cp_async_mbar_arrive(&full[slot]);
+    } else {
+      mbar_arrive_expect_tx(&full[slot], bytes);
+      bulk_copy_g2s(dst, piece(i), bytes, &full[slot]);
     }
+  };
+  if (lane == 0) {
+    for (int i = 0; i < stages; ++i) mbar_init(&full[i], Async ? 32 : 1);
+    mbar_init_fence();
   }
   __syncwarp();
+  if (Async || lane == 0)
+    for (int i = 0; i < min(stages, n); ++i) fill(i, i);
   uint32_t acc = 0;
   for (int i = 0; i < n; ++i) {
     const int slot = i % stages;
     mbar_wait(&full[slot], (i / stages) & 1);
     acc ^= reinterpret_cast<const uint32_t*>(ring + size_t(slot) * bytes)[lane];
     __syncwarp();
-    if (lane == 0 && i + stages < n) {
-      mbar_arrive_expect_tx(&full[slot], bytes);
-      bulk_copy_g2s(ring + size_t(slot) * bytes, piece(i + stages), bytes, &full[slot]);
-    }
+    if ((Async || lane == 0) && i + stages < n) fill(slot, i + stages);
   }
   if (acc == 0x9E3779B9u) *sink = acc;
 }
@@ -245,14 +254,15 @@ double stream_probe_gbps(const StreamProbe& p) {
   const int blocks = sms * p.blocks_per_sm;
   int64_t bytes_read = 0;
   std::function<void()> run;
-  if (p.method == StreamProbe::kBulk) {
+  if (p.method == StreamProbe::kBulk || p.method == StreamProbe::kAsync) {
     const int warps = p.threads / 32;
     const int64_t share = total / (int64_t(blocks) * warps) / p.bytes * p.bytes;
     const size_t smem = mbar_array_bytes(warps * p.stages) + size_t(warps) * p.stages * p.bytes;
-    CUDA_CHECK(cudaFuncSetAttribute(probe_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    auto* kernel = p.method == StreamProbe::kAsync ? probe_bulk_kernel<true> : probe_bulk_kernel<false>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     bytes_read = share * blocks * warps;
     const bool front = p.order == StreamProbe::kFront;
-    run = [=] { probe_bulk_kernel<<<blocks, p.threads, smem>>>(buf, share, p.bytes, p.stages, front, sink); };
+    run = [=] { kernel<<<blocks, p.threads, smem>>>(buf, share, p.bytes, p.stages, front, sink); };
   } else {
     const int64_t n16 = total / 16;
     bytes_read = total;
