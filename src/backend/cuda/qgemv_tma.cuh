@@ -60,12 +60,16 @@ inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
 // with one-warp blocks on the H200, 17 warps a block (one an SM) 6.16-6.17, 4 warps 6.43
 // (docs/perf/2026-12-02-s17-cuda-27b.md); 6 warps 6.04-6.09, 8 warps (272 blocks: 8 past two an SM) 7.18-7.20,
 // 12 warps (182 blocks, one an SM) 6.96-6.99 (docs/perf/2026-12-02-s18-cuda-27b.md).
-// 2-8 tokens: 9 as well (verify 8 at 4k 6.89 against 7.07 ms with one-warp blocks, C8 7.37-7.40
-// against 7.59-7.63; 6 warps within 0.05: H200, docs/perf/2026-12-02-s18-cuda-27b.md), each warp
+// 2-8 tokens: 17 (128 blocks, one an SM, so every SM streams as many row blocks: verify 8 at 4k
+// 6.460-6.481 against 6.507-6.518 ms with 9, verify 4 5.906-5.930 against 5.943-5.978, gate_up
+// 32.3 against 33.3 us a launch at 8 tokens; at one token 17 made gate_up 1 us faster but the
+// down launch after it 1.4 us slower, C1 5.30-5.31 against 5.26-5.31: H200,
+// docs/perf/2026-12-03-s35-cuda-27b.md. Earlier, 9 against one-warp blocks: verify 8 6.89
+// against 7.07 ms; 6 warps within 0.05 of 9: docs/perf/2026-12-02-s18-cuda-27b.md), each warp
 // with its ring of kNarrowStages. More token tiles (without the wide kernel): one-warp blocks.
 // env DS_W4A16_NARROW_WARPS = 1 .. kNarrowMaxWarps sets the one-tile launches' warps.
 constexpr int kNarrowWarpsOneToken = 9;
-constexpr int kNarrowWarpsTokens = 9;
+constexpr int kNarrowWarpsTokens = 17;
 constexpr int kNarrowMaxWarps = 18;
 inline int tma_narrow_warps(int T) {
   static const int env_warps = [] {
