@@ -104,11 +104,14 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // 7.04-7.08 against 7.12-7.14, one token unchanged; 4 stages lost 0.2 ms at verify 8, and one
 // stage 0.13-0.14 against 2 at verify 2 and 4 (H200, docs/perf/2026-12-02-s25-cuda-27b.md).
 // At one token the same 2 stages (40 KB a block of 9 warps) and the whole of the SM's shared
-// memory as the carveout, so blocks of the split launch after (74 KB) fit beside the two blocks an
-// SM and are resident, their first weights asked for, while they end: C1 at 1k 5.37-5.40 against
-// 5.42-5.45 ms with 3 stages, C1 at 4k and verify 1 0.02-0.03 faster, 2-8 tokens unchanged (H200,
-// docs/perf/2026-12-03-s32-cuda-27b.md; a read-only probe of the ring, 9 warps x 2 blocks an SM,
-// reads at 91-94% of the copy rate with 2 stages, 78-80% with 3, 83-86% with 4: StreamingCeilings).
+// memory as the carveout: C1 at 1k 5.37-5.40 against 5.42-5.45 ms with 3 stages, C1 at 4k and
+// verify 1 0.02-0.03 faster, 2-8 tokens unchanged (H200, docs/perf/2026-12-03-s32-cuda-27b.md;
+// a read-only probe of the ring, 9 warps x 2 blocks an SM, reads at 91-94% of the copy rate with
+// 2 stages, 78-80% with 3, 83-86% with 4: StreamingCeilings). The shared memory would let a block
+// of the split launch after (74 KB) sit beside the two blocks an SM, but the registers do not
+// (94 a thread here, 80 in the split kernel's 256 threads). Capped at 80 (no slower), one fits
+// beside a block of 17 warps, and down was not faster for it (H200, docs/perf/
+// 2026-12-03-s35-cuda-27b.md).
 // (3 stages had beaten 5 at one token, C1 5.59-5.62 against 5.64-5.68 ms, and 4 stages lost
 // 0.2 ms: docs/perf/2026-12-03-s29-cuda-27b.md.)
 constexpr int kNarrowStages = 2;
