@@ -257,8 +257,12 @@ TEST_F(CudaOpsTest, Conv1dAcrossSteps) {
 TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   // dv = 80 splits the state into column tiles of 32, 32 and 16; dk = 48 is not a power of two;
   // dk = dv = 128 is the model's.
+  // The verify steps of few sequences take a CTA pair a head (their pairs fit one wave here), or
+  // with the pairs off the kernel of a CTA a head in 4 parts (as where they do not fit).
+  for (bool pair : {true, false})
   for (auto [Hk, Hv, dk, dv] : std::vector<std::array<int, 4>>{{2, 6, 16, 24}, {1, 3, 48, 80}, {1, 2, 128, 128}})
   for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
+    cuda::set_gdn_decode_pair(pair);
     const int C = 2 * Hk * dk + Hv * dv;
     CudaOpsOptions o;
     o.state_dtype = sd;
@@ -278,10 +282,10 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     // ops). The next two have 9 sequences (6 of them new), which take the kernel of a CTA a head (8
     // or more sequences), the second with verify blocks of up to 16 tokens. Then two verify steps
     // of 2 and 1 sequences (up to 8 tokens) through gdn_gates_delta_rule_norm, which on CUDA take
-    // the kernel of a CTA a head with its norm and 4 parts of a column's rows (gdn_verify_head),
-    // the second continuing the first's state; last a decode step of 2 sequences with the norm
-    // that reads the states they wrote, in 4 parts too (gdn_head_parts; the decode steps of 3 and 9
-    // sequences before take 2).
+    // the kernel of a CTA a head with its norm (gdn_verify_head) as a CTA pair, or in 4 parts of a
+    // column's rows, the second continuing the first's state; last a decode step of 2 sequences
+    // with the norm that reads the states they wrote, in 4 parts too (gdn_head_parts; the decode
+    // steps of 3 and 9 sequences before take 2).
     const std::vector<std::vector<int>> steps = {{1, 63, 130}, {1, 1, 9}, {16, 3, 1}, {1, 1, 1}, {8, 8, 8},
                                                  {1, 1, 1, 1, 1, 1, 1, 1, 1}, {2, 16, 1, 2, 5, 2, 2, 8, 3},
                                                  {8, 3}, {5}, {1, 1}};
@@ -298,9 +302,9 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
       auto out = outputs({T, Hv, dv});
       GdnShape sh{Hk, Hv, dk, dv};
       const double tol = sd == StateDType::kF32 ? 1e-2 : sd == StateDType::kF16 ? 1.5e-2 : 3e-2;
-      const std::string what =
-          "dk" + std::to_string(dk) + "_dv" + std::to_string(dv) + "_state" + std::to_string(static_cast<int>(sd)) +
-          "_step" + std::to_string(step);
+      const std::string what = "dk" + std::to_string(dk) + "_dv" + std::to_string(dv) + "_state" +
+                               std::to_string(static_cast<int>(sd)) + "_step" + std::to_string(step) +
+                               (pair ? "_pair" : "");
       if (normed) {
         auto z = both(random_bf16(T * Hv * dv, rng), {T, Hv * dv});
         auto normed_out = outputs({T, Hv * dv});
@@ -330,6 +334,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
       for (size_t s = 0; s < lens.size(); ++s) past[s] += lens[s];
     }
   }
+  cuda::set_gdn_decode_pair(true);
 }
 
 // Paged GQA attention on prefill and decode steps, decode chunks through the split-KV kernel

@@ -864,16 +864,25 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
   cuda::launch_gdn_recurrent(B(qkv), gates, state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
                              sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm,
-                             gdn_head_parts());
+                             gdn_head_parts(sh.n_v_heads));
 }
 
-int CudaOps::gdn_head_parts() const {
+int CudaOps::gdn_head_parts(int Hv) const {
   // 4 parts of 32 rows at decode steps of up to kGdnFewSeqs sequences, whose CTAs have an SM each
   // with 2 parts too: a thread's rows and chains of dependent sums are half as long. On the H200
   // (27B shape, three interleaved rounds in each of two calls, docs/perf/
   // 2026-12-03-s30-cuda-27b.md): the kernel 7.05 -> 6.41 us a launch at C1; C1 at 1k
   // 5.49-5.52 against 5.53-5.58 ms, verify 1 at 4k 5.53-5.58 against 5.57-5.60; C2 even (5.68-5.72
   // both). Verify steps: gdn_verify_head.
+  // Verify steps of kGdnPairMinTokens or more tokens whose CTA pairs fit one wave take a CTA pair a
+  // head: its two SMs run half a head's token loop each. H200, 27B shape at 4k (docs/perf/
+  // 2026-12-03-s35-cuda-27b.md): the kernel 8.80 against 10.50 us a launch at verify 8, verify 8
+  // 6.396-6.437 against 6.460-6.482 ms, verify 4 5.900-5.922 against 5.913-5.921, but verify 2
+  // 5.662-5.673 against 5.643-5.662; at decode steps even at one sequence (C1 5.289-5.293 against
+  // 5.274-5.293) and slower at two, whose pairs take two waves (C2 5.84 against 5.56).
+  constexpr int kGdnPairMinTokens = 4;
+  if (max_chunk_ >= kGdnPairMinTokens && gdn_verify_head() && cuda::gdn_decode_pair_fits(plan_.n_seqs(), Hv))
+    return cuda::kGdnHeadPair;
   const bool few = max_chunk_ == 1 ? plan_.n_seqs() <= kGdnFewSeqs : gdn_verify_head();
   return few ? cuda::kGdnHeadFewSeqsParts : cuda::kGdnHeadParts;
 }

@@ -230,7 +230,12 @@ __global__ void __launch_bounds__(kDecodeWarps * 32) gdn_decode_kernel(
 // memory, then writes them normalised and gated (no gated-norm launch after it). Parts 2 (256
 // threads, 64 rows a thread) by default; 4 (512 threads, 32 rows a thread, a token's chains of
 // dependent sums half as long) where launch_gdn_recurrent is given head_parts 4 (CudaOps: steps
-// of up to 2 sequences, whose CTAs have an SM each either way).
+// of up to 2 sequences, whose CTAs have an SM each either way). kGdnHeadPair: a cluster of two
+// CTAs a head (gdn_decode_pair_kernel), each with the whole state in shared memory but 64 of its
+// columns in 8 parts of 16 rows, writing its columns back from registers; with the norm, the two
+// CTAs' sums of squares of each token meet through distributed shared memory. It halves each SM's
+// share of the token loop, the bulk of a verify step's GDN time (CudaOps: verify steps of 4 or
+// more tokens whose pairs fit one wave).
 // A thread's sums over its rows a token run as kHeadChains (1, 2 or 4) interleaved chains of
 // dependent adds, summed pairwise: with 2 rather than one chain of 64, C1 -0.02 ms, verify 8 at 4k
 // -0.02, C64 -0.09 on the H200 (three rounds, about the runs' spread; docs/perf/
@@ -249,33 +254,59 @@ __device__ __forceinline__ bf16 gdn_norm_out(float v, float inv, float w, float 
 // A column's sums over the Parts parts of its rows: in part order (2 parts: r0 + r1), or pairwise.
 template <int Parts>
 __device__ __forceinline__ float parts_sum(const float (&red)[Parts][kDecodeMaxK], int col) {
-  static_assert(Parts == kGdnHeadParts || Parts == kGdnHeadFewSeqsParts, "2 or 4 parts");
-  if constexpr (Parts == kGdnHeadParts) return red[0][col] + red[1][col];
-  else return (red[0][col] + red[1][col]) + (red[2][col] + red[3][col]);
+  static_assert(Parts == 2 || Parts == 4 || Parts == 8, "2, 4 or 8 parts");
+  if constexpr (Parts == 2) return red[0][col] + red[1][col];
+  else if constexpr (Parts == 4) return (red[0][col] + red[1][col]) + (red[2][col] + red[3][col]);
+  else
+    return ((red[0][col] + red[1][col]) + (red[2][col] + red[3][col])) +
+           ((red[4][col] + red[5][col]) + (red[6][col] + red[7][col]));
+}
+
+// The CTA's rank in its cluster, a cluster barrier (every thread), and a float of a cluster CTA's
+// shared memory at the address p has in this CTA.
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float cluster_ld_f32(const float* p, uint32_t rank) {
+  uint32_t a;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+  return v;
 }
 
 bool gdn_decode_head_supported(int dk, int dv, int state_bytes) {
   return dk <= kDecodeMaxK && dv <= kDecodeMaxK && (dk * dv * state_bytes) % 16 == 0;
 }
 
-template <class StateT, bool Norm, int Parts>
-__global__ void __launch_bounds__(kDecodeMaxK * Parts, Parts == kGdnHeadParts ? 2 : 1) gdn_decode_head_kernel(
-    const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
-    const int32_t* slots, int Hk, int Hv, int dk, int dv, GdnNorm norm) {
+// The kernel of a CTA a head (Split 1), or one CTA of a pair (Split 2: a cluster along z, this
+// CTA's columns [64 rank, + 64)).
+template <class StateT, bool Norm, int Parts, int Split>
+__device__ __forceinline__ void gdn_head_body(const bf16* qkv, GdnGates gates, StateT* state, bf16* out,
+                                              const int32_t* cu_seqlens, const int32_t* n_past,
+                                              const int32_t* slots, int Hk, int Hv, int dk, int dv, GdnNorm norm) {
   extern __shared__ __align__(128) unsigned char head_smem[];  // StateT [dk, dv]: the head's state
   StateT* Ss = reinterpret_cast<StateT*>(head_smem);
   __shared__ __align__(16) float qs[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised, scaled queries [T, dk], 0 past dk
   __shared__ __align__(16) float ks[kGdnDecodeMaxTokens][kDecodeMaxK];  // normalised keys [T, dk], 0 past dk
   __shared__ float vs[kGdnDecodeMaxTokens][kDecodeMaxK];                // values [T, dv]
   __shared__ float alpha_s[kGdnDecodeMaxTokens], beta_s[kGdnDecodeMaxTokens];
-  constexpr int kRows = kDecodeMaxK / Parts, kThreads = kDecodeMaxK * Parts, kNorm = kNormTokens<Parts>;
+  constexpr int kCols = kDecodeMaxK / Split;
+  constexpr int kRows = kDecodeMaxK / Parts, kThreads = kCols * Parts, kNorm = kNormTokens<Parts>;
+  __shared__ float ss_s[Split == 2 ? kGdnDecodeMaxTokens : 1];  // Split 2: this CTA's sums of squares
   __shared__ float red[2][Parts][kDecodeMaxK];  // per-part column sums: k^T S, then q^T S
   __shared__ uint64_t landed;               // the state's copy
   __shared__ float os[Norm ? kGdnDecodeMaxTokens : 1][kDecodeMaxK];  // Norm: outputs as bf16 values, 0 past dv
   __shared__ float inv_s[kGdnDecodeMaxTokens];                       // Norm: 1 / rms of each token's row
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int col = threadIdx.x % kDecodeMaxK, part = threadIdx.x / kDecodeMaxK, i0 = part * kRows;
+  const int c0 = Split == 2 ? static_cast<int>(cluster_rank()) * kCols : 0;
+  const int col = c0 + threadIdx.x % kCols, part = threadIdx.x / kCols, i0 = part * kRows;
   const bool has_col = col < dv;
   const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0;
   if (T == 0) return;
@@ -380,22 +411,38 @@ __global__ void __launch_bounds__(kDecodeMaxK * Parts, Parts == kGdnHeadParts ? 
       out[(int64_t(t0 + t) * Hv + h) * dv + col] = to_bf16(parts_sum<Parts>(red[1], col));
     }
   }
-  // The new state into shared memory (every element of [dk, dv]), then one bulk store.
+  if constexpr (Split == 1) {
+    // The new state into shared memory (every element of [dk, dv]), then one bulk store.
 #pragma unroll
-  for (int r = 0; r < kRows; ++r)
-    if (has_col && i0 + r < dk) Ss[(i0 + r) * dv + col] = state_from_f32<StateT>(S[r]);
-  fence_proxy_async_shared();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    bulk_copy_s2g(st, Ss, bytes);
-    bulk_commit();
+    for (int r = 0; r < kRows; ++r)
+      if (has_col && i0 + r < dk) Ss[(i0 + r) * dv + col] = state_from_f32<StateT>(S[r]);
+    fence_proxy_async_shared();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      bulk_copy_s2g(st, Ss, bytes);
+      bulk_commit();
+    }
+  } else {  // this CTA's columns, straight from the registers
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+      if (has_col && i0 + r < dk) st[(i0 + r) * dv + col] = state_from_f32<StateT>(S[r]);
+    __syncthreads();
   }
   if constexpr (Norm) {  // os is complete (the barrier above)
+    const int c_end = min(c0 + kCols, dv);
     for (int t = warp; t < T; t += kThreads / 32) {
       float ss = 0.f;
-      for (int c = lane; c < dv; c += 32) ss += os[t][c] * os[t][c];
+      for (int c = c0 + lane; c < c_end; c += 32) ss += os[t][c] * os[t][c];
       ss = warp_sum(ss);
-      if (lane == 0) inv_s[t] = rsqrtf(ss / dv + norm.eps);
+      if (lane == 0) {
+        if constexpr (Split == 1) inv_s[t] = rsqrtf(ss / dv + norm.eps);
+        else ss_s[t] = ss;
+      }
+    }
+    if constexpr (Split == 2) {
+      cluster_sync();  // both CTAs' sums are written
+      for (int t = threadIdx.x; t < T; t += kThreads)
+        inv_s[t] = rsqrtf((cluster_ld_f32(&ss_s[t], 0) + cluster_ld_f32(&ss_s[t], 1)) / dv + norm.eps);
     }
     __syncthreads();
 #pragma unroll
@@ -407,12 +454,38 @@ __global__ void __launch_bounds__(kDecodeMaxK * Parts, Parts == kGdnHeadParts ? 
             gdn_norm_out(os[t][col], inv_s[t], norm_w, zr[i], norm.sigmoid_gate);
     }
   }
-  if (threadIdx.x == 0) bulk_wait_read();  // the shared memory is released when the CTA exits
+  if constexpr (Split == 1) {
+    if (threadIdx.x == 0) bulk_wait_read();  // the shared memory is released when the CTA exits
+  } else if constexpr (Norm) {
+    cluster_sync();  // the other CTA has read ss_s
+  }
+}
+
+template <class StateT, bool Norm, int Parts>
+__global__ void __launch_bounds__(kDecodeMaxK * Parts, Parts == kGdnHeadParts ? 2 : 1) gdn_decode_head_kernel(
+    const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
+    const int32_t* slots, int Hk, int Hv, int dk, int dv, GdnNorm norm) {
+  gdn_head_body<StateT, Norm, Parts, 1>(qkv, gates, state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
+}
+constexpr int kPairParts = 8;
+template <class StateT, bool Norm>
+__global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(kDecodeMaxK / 2 * kPairParts, 1) gdn_decode_pair_kernel(
+    const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
+    const int32_t* slots, int Hk, int Hv, int dk, int dv, GdnNorm norm) {
+  gdn_head_body<StateT, Norm, kPairParts, 2>(qkv, gates, state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv,
+                                             norm);
 }
 
 }  // namespace
 
 bool gdn_decode_supported(int dk) { return dk <= kDecodeMaxK; }
+
+namespace {
+bool g_gdn_pair = env_flag("DS_GDN_PAIR", true);
+}  // namespace
+
+bool gdn_decode_pair_fits(int n_seqs, int Hv) { return g_gdn_pair && 2 * int64_t(n_seqs) * Hv <= sm_count(); }
+void set_gdn_decode_pair(bool on) { g_gdn_pair = on; }
 
 bool gdn_decode_norm_supported(int dk, int dv, int state_dtype) {
   return gdn_decode_supported(dk) && gdn_decode_head_supported(dk, dv, state_dtype == 0 ? 4 : 2);
@@ -423,8 +496,8 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm,
                           int head_parts) {
   if (n_seqs == 0) return;
-  DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadFewSeqsParts, "GDN decode: %d row parts a head",
-            head_parts);
+  DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadFewSeqsParts || head_parts == kGdnHeadPair,
+            "GDN decode: %d row parts a head", head_parts);
   const bool normed = norm.z != nullptr;
   DS_ASSERT(!normed || (short_chunks && gdn_decode_norm_supported(dk, dv, state_dtype)),
             "the GDN kernels normalise their output at decode only, in the kernel of a CTA a head (dk %d, dv %d)", dk,
@@ -447,7 +520,17 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                       out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
       };
       if ((Norm || n_seqs >= kDecodeHeadSeqs) && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
-        if (head_parts == kGdnHeadFewSeqsParts) head(std::integral_constant<int, kGdnHeadFewSeqsParts>{});
+        if (head_parts == kGdnHeadPair) {
+          auto* kernel = gdn_decode_pair_kernel<StateT, Norm>;
+          const int smem = dk * dv * static_cast<int>(sizeof(StateT));
+          static int smem_attr = 0;  // as in head
+          if (smem > smem_attr) {
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+            smem_attr = smem;
+          }
+          launch_kernel("gdn_decode", kernel, dim3(n_seqs, Hv, 2), kDecodeMaxK / 2 * kPairParts, smem, s, qkv, gates,
+                        typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
+        } else if (head_parts == kGdnHeadFewSeqsParts) head(std::integral_constant<int, kGdnHeadFewSeqsParts>{});
         else head(std::integral_constant<int, kGdnHeadParts>{});
         return;
       }

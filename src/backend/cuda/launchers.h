@@ -320,9 +320,16 @@ bool gdn_decode_supported(int dk);
 // the head's state of state_dtype in shared memory).
 bool gdn_decode_norm_supported(int dk, int dv, int state_dtype);
 // head_parts: the row parts of a column in the decode kernel of a CTA a head (gdn_recurrent.cu),
-// 2 (256 threads) by default, 4 (512 threads) for the steps of few sequences that CudaOps gives it.
+// 2 (256 threads) by default, 4 (512 threads) for the steps of few sequences that CudaOps gives it;
+// kGdnHeadPair: a CTA pair a head, each with half the columns in 8 parts (512 threads), for the
+// verify steps of 4 or more tokens whose pairs fit one wave (gdn_decode_pair_fits).
 constexpr int kGdnHeadParts = 2;
 constexpr int kGdnHeadFewSeqsParts = 4;
+constexpr int kGdnHeadPair = -2;
+// Whether the CTA pairs of n_seqs sequences of Hv heads fit one wave (one 512-thread CTA an SM),
+// and the pairs are on (env DS_GDN_PAIR = 1, the default | 0; set_gdn_decode_pair).
+bool gdn_decode_pair_fits(int n_seqs, int Hv);
+void set_gdn_decode_pair(bool on);
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {},
