@@ -262,23 +262,6 @@ __device__ __forceinline__ float parts_sum(const float (&red)[Parts][kDecodeMaxK
            ((red[4][col] + red[5][col]) + (red[6][col] + red[7][col]));
 }
 
-// The CTA's rank in its cluster, a cluster barrier (every thread), and a float of a cluster CTA's
-// shared memory at the address p has in this CTA.
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ float cluster_ld_f32(const float* p, uint32_t rank) {
-  uint32_t a;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(a) : "r"(smem_u32(p)), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-  return v;
-}
 
 bool gdn_decode_head_supported(int dk, int dv, int state_bytes) {
   return dk <= kDecodeMaxK && dv <= kDecodeMaxK && (dk * dv * state_bytes) % 16 == 0;
