@@ -489,9 +489,14 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
     auto go = [&](auto* typed_state, auto norm_on) {
       using StateT = std::remove_pointer_t<decltype(typed_state)>;
       constexpr bool Norm = decltype(norm_on)::value;
+      // head_parts: Parts of a CTA a head, or kGdnHeadPair (a CTA pair a head, kPairParts each).
       auto head = [&](auto parts) {
-        constexpr int Parts = decltype(parts)::value;
-        auto* kernel = gdn_decode_head_kernel<StateT, Norm, Parts>;
+        constexpr bool Pair = decltype(parts)::value == kGdnHeadPair;
+        constexpr int Parts = Pair ? kPairParts : decltype(parts)::value;
+        auto* kernel = [] {
+          if constexpr (Pair) return gdn_decode_pair_kernel<StateT, Norm>;
+          else return gdn_decode_head_kernel<StateT, Norm, Parts>;
+        }();
         const int smem = dk * dv * static_cast<int>(sizeof(StateT));
         static int smem_attr = 0;  // the kernel's dynamic shared-memory limit, raised as needed (the
                                    // default leaves 48 KB less its static shared memory)
@@ -499,21 +504,12 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
           CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
           smem_attr = smem;
         }
-        launch_kernel("gdn_decode", kernel, dim3(n_seqs, Hv), kDecodeMaxK * Parts, smem, s, qkv, gates, typed_state,
-                      out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
+        launch_kernel("gdn_decode", kernel, dim3(n_seqs, Hv, Pair ? 2 : 1), kDecodeMaxK / (Pair ? 2 : 1) * Parts, smem,
+                      s, qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
       };
       if ((Norm || n_seqs >= kDecodeHeadSeqs) && gdn_decode_head_supported(dk, dv, sizeof(StateT))) {
-        if (head_parts == kGdnHeadPair) {
-          auto* kernel = gdn_decode_pair_kernel<StateT, Norm>;
-          const int smem = dk * dv * static_cast<int>(sizeof(StateT));
-          static int smem_attr = 0;  // as in head
-          if (smem > smem_attr) {
-            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-            smem_attr = smem;
-          }
-          launch_kernel("gdn_decode", kernel, dim3(n_seqs, Hv, 2), kDecodeMaxK / 2 * kPairParts, smem, s, qkv, gates,
-                        typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv, norm);
-        } else if (head_parts == kGdnHeadFewSeqsParts) head(std::integral_constant<int, kGdnHeadFewSeqsParts>{});
+        if (head_parts == kGdnHeadPair) head(std::integral_constant<int, kGdnHeadPair>{});
+        else if (head_parts == kGdnHeadFewSeqsParts) head(std::integral_constant<int, kGdnHeadFewSeqsParts>{});
         else head(std::integral_constant<int, kGdnHeadParts>{});
         return;
       }
