@@ -259,6 +259,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   // dk = dv = 128 is the model's.
   // The verify steps of few sequences take a CTA pair a head (their pairs fit one wave here), or
   // with the pairs off the kernel of a CTA a head in 4 parts (as where they do not fit).
+  const bool pair_before = cuda::gdn_decode_pair();
   for (bool pair : {true, false})
   for (auto [Hk, Hv, dk, dv] : std::vector<std::array<int, 4>>{{2, 6, 16, 24}, {1, 3, 48, 80}, {1, 2, 128, 128}})
   for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
@@ -334,7 +335,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
       for (size_t s = 0; s < lens.size(); ++s) past[s] += lens[s];
     }
   }
-  cuda::set_gdn_decode_pair(true);
+  cuda::set_gdn_decode_pair(pair_before);
 }
 
 // Paged GQA attention on prefill and decode steps, decode chunks through the split-KV kernel

@@ -262,7 +262,6 @@ __device__ __forceinline__ float parts_sum(const float (&red)[Parts][kDecodeMaxK
            ((red[4][col] + red[5][col]) + (red[6][col] + red[7][col]));
 }
 
-
 bool gdn_decode_head_supported(int dk, int dv, int state_bytes) {
   return dk <= kDecodeMaxK && dv <= kDecodeMaxK && (dk * dv * state_bytes) % 16 == 0;
 }
@@ -468,6 +467,7 @@ bool g_gdn_pair = env_flag("DS_GDN_PAIR", true);
 }  // namespace
 
 bool gdn_decode_pair_fits(int n_seqs, int Hv) { return g_gdn_pair && 2 * int64_t(n_seqs) * Hv <= sm_count(); }
+bool gdn_decode_pair() { return g_gdn_pair; }
 void set_gdn_decode_pair(bool on) { g_gdn_pair = on; }
 
 bool gdn_decode_norm_supported(int dk, int dv, int state_dtype) {

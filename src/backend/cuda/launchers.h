@@ -327,8 +327,9 @@ constexpr int kGdnHeadParts = 2;
 constexpr int kGdnHeadFewSeqsParts = 4;
 constexpr int kGdnHeadPair = -2;
 // Whether the CTA pairs of n_seqs sequences of Hv heads fit one wave (one 512-thread CTA an SM),
-// and the pairs are on (env DS_GDN_PAIR = 1, the default | 0; set_gdn_decode_pair).
+// and the pairs are on (env DS_GDN_PAIR = 1, the default | 0; gdn_decode_pair, set_gdn_decode_pair).
 bool gdn_decode_pair_fits(int n_seqs, int Hv);
+bool gdn_decode_pair();
 void set_gdn_decode_pair(bool on);
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
