@@ -419,14 +419,20 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   const int n_stages = (c_end - c_begin + SC - 1) / SC;
   const int row_warps = min(warps, (N - static_cast<int>(blockIdx.x) * warps * 16 + 15) / 16);  // with rows
 
-  // Stage i of row warp wp (units c_begin / kUnitChunks + SU i .. of its 16-row block; the last
-  // may end on a short unit) into slot i % S.
-  auto request = [&](int wp, int i) {
-    const int n = min(SC, c_end - c_begin - i * SC), slot = wp * S + i % S;
-    const uint32_t bytes = w.copy_bytes(n);
-    mbar_arrive_expect_tx(&full[slot], bytes);
-    bulk_copy_g2s(rings + slot * stage_bytes, w.unit(blockIdx.x * warps + wp, c_begin / kUnitChunks + i * SU), bytes,
-                  &full[slot]);
+  // Stage i of this warp into its slot i % S: units c_begin / kUnitChunks + SU i .. of its 16-row
+  // block, which follow each other (the last stage may end on a short unit), so its address is
+  // the first stage's plus i stages. Lane 0's request and the loop's bookkeeping are on the warp's
+  // path from one unit to the next, which two stages in flight leave exposed: a unit's integer
+  // work costs stream rate (docs/perf/2026-12-03-s37-cuda-27b.md).
+  const unsigned char* const src0 = w.unit(blockIdx.x * warps + warp, c_begin / kUnitChunks);
+  const uint32_t last_bytes = w.copy_bytes(c_end - c_begin - (n_stages - 1) * SC);
+  uint64_t* const my_full = full + warp * S;
+  unsigned char* const my_ring = rings + warp * S * stage_bytes;
+  auto request = [&](int i) {
+    const int slot = i % S;
+    const uint32_t bytes = i == n_stages - 1 ? last_bytes : static_cast<uint32_t>(stage_bytes);
+    mbar_arrive_expect_tx(&my_full[slot], bytes);
+    bulk_copy_g2s(my_ring + slot * stage_bytes, src0 + int64_t(i) * stage_bytes, bytes, &my_full[slot]);
   };
   // Stages asked for before pdl_wait: the whole ring in the blocks of unsplit launches (one warp,
   // or MaxThreads past kWarps warps), which stage no inputs;
@@ -438,7 +444,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   if (lane == 0 && warp < row_warps) {
     for (int i = 0; i < S; ++i) mbar_init(&full[warp * S + i], 1);
     mbar_init_fence();
-    for (int i = 0; i < early; ++i) request(warp, i);
+    for (int i = 0; i < early; ++i) request(i);
   }
   __syncwarp();
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
@@ -454,7 +460,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   // The rest of the ring (kUnitsBeforeWait): with XSmem once the thread's first inputs are asked for.
   auto request_rest = [&] {
     if (lane == 0 && warp < row_warps)
-      for (int i = early; i < ring; ++i) request(warp, i);
+      for (int i = early; i < ring; ++i) request(i);
   };
   if constexpr (A8 == 0 && XSmem) {
     stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, request_rest);
@@ -477,12 +483,16 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   float acc[NT][4] = {};
   const int my_stages = warp < row_warps ? n_stages : 0;
   // Unit su of a stage in ring slot `slot`: its scales, then its chunks.
+  // (slot: the warp's own, 0 .. S - 1.)
   auto unit_scales = [&](int slot, int su) {
-    return reinterpret_cast<const float2*>(rings + slot * stage_bytes + su * w.unit_bytes);
+    return reinterpret_cast<const float2*>(my_ring + slot * stage_bytes + su * w.unit_bytes);
   };
   auto unit_chunks = [&](int slot, int su) {
-    return reinterpret_cast<const uint4*>(rings + slot * stage_bytes + su * w.unit_bytes + w.slots * kSlotBytes);
+    return reinterpret_cast<const uint4*>(my_ring + slot * stage_bytes + su * w.unit_bytes + w.slots * kSlotBytes);
   };
+  // Whether stage i holds SC chunks (all but a short last one).
+  const bool last_whole = (c_end - c_begin) % SC == 0;
+  auto whole = [&](int i) { return i < n_stages - 1 || last_whole; };
   if constexpr (A8 != 0) {
     // The lane's token row (lanes past T read the last token's) and the scales of its tokens 2 q4
     // and 2 q4 + 1 (at most the last), from the block's first chunk; xs_step floats a chunk.
@@ -512,20 +522,20 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       }
     };
     for (int i = 0; i < my_stages; ++i) {
-      const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
-      if (n == SC && XAhead) {  // the stage's inputs asked for before its weights are waited for
+      const int slot = i % S;
+      if (whole(i) && XAhead) {  // the stage's inputs asked for before its weights are waited for
         uint4 xv[SC];
         float2 xs[SC];
 #pragma unroll
         for (int q = 0; q < SC; ++q) inputs8(q, xv[q], xs[q]);
-        mbar_wait(&full[slot], (i / S) & 1);
+        mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
         for (int u0 = 0; u0 < kUnitChunks; u0 += V)
           stage_chunks8<V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
                            reinterpret_cast<const uint4(&)[V]>(xv[u0]), reinterpret_cast<const float2(&)[V]>(xs[u0]),
                            soff, acc);
-      } else if (n == SC) {
-        mbar_wait(&full[slot], (i / S) & 1);
+      } else if (whole(i)) {
+        mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
         for (int su = 0; su < SU; ++su)
 #pragma unroll
@@ -537,7 +547,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
             stage_chunks8<V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, xs, soff, acc);
           }
       } else {  // a warp's last stage, at the end of K: n < SC
-        mbar_wait(&full[slot], (i / S) & 1);
+        const int n = c_end - c_begin - i * SC;
+        mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
         for (int q = 0; q < SC - 1; ++q)
           if (q < n) {
@@ -549,25 +560,25 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
           }
       }
       __syncwarp();  // every lane has read the slot before it is refilled
-      if (lane == 0 && i + S < my_stages) request(warp, i + S);
+      if (lane == 0 && i + S < my_stages) request(i + S);
       x8p += SC * kChunk;
       xs0 += SC * xs_step;
       xs1 += SC * xs_step;
     }
   } else {
     for (int i = 0; i < my_stages; ++i) {
-      const int slot = warp * S + i % S, n = min(SC, c_end - c_begin - i * SC);
-      if (n == SC) {
+      const int slot = i % S;
+      if (whole(i)) {
         if constexpr (XAhead) {
           uint4 xv[kUnitChunks][NT][2];
           load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
-          mbar_wait(&full[slot], (i / S) & 1);
+          mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
           for (int u0 = 0; u0 < kUnitChunks; u0 += V)
             stage_chunks<NT, V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
                                 reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
         } else {
-          mbar_wait(&full[slot], (i / S) & 1);
+          mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
           for (int su = 0; su < SU; ++su)
 #pragma unroll
@@ -578,7 +589,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
             }
         }
       } else {  // a warp's last stage, at the end of K: n < SC
-        mbar_wait(&full[slot], (i / S) & 1);
+        const int n = c_end - c_begin - i * SC;
+        mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
         for (int q = 0; q < SC - 1; ++q)
           if (q < n) {
@@ -589,7 +601,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
           }
       }
       __syncwarp();  // every lane has read the slot before it is refilled
-      if (lane == 0 && i + S < my_stages) request(warp, i + S);
+      if (lane == 0 && i + S < my_stages) request(i + S);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
     }
