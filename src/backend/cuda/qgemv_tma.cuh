@@ -442,7 +442,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   const int ring = min(S, n_stages),
             early = warps == 1 || kNarrowBlocks ? ring : min(ring, max(1, kUnitsBeforeWait / SU));
   if (lane == 0 && warp < row_warps) {
-    for (int i = 0; i < S; ++i) mbar_init(&full[warp * S + i], 1);
+    for (int i = 0; i < S; ++i) mbar_init(&my_full[i], 1);
     mbar_init_fence();
     for (int i = 0; i < early; ++i) request(i);
   }
@@ -482,8 +482,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
 
   float acc[NT][4] = {};
   const int my_stages = warp < row_warps ? n_stages : 0;
-  // Unit su of a stage in ring slot `slot`: its scales, then its chunks.
-  // (slot: the warp's own, 0 .. S - 1.)
+  // Unit su of the stage in the warp's ring slot `slot` (0 .. S - 1): its scales, then its chunks.
   auto unit_scales = [&](int slot, int su) {
     return reinterpret_cast<const float2*>(my_ring + slot * stage_bytes + su * w.unit_bytes);
   };
