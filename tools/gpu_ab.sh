@@ -16,6 +16,7 @@
 #                   (tools/gpu_trace.sh; TOKENS 1: decode steps at 1k, else verify blocks of
 #                   that many tokens at 4k)
 #        AB_TRACE_LINES lines of each timeline's table printed (default 20)
+#        DS_TRACE_BY_PREV 1: the timelines' rows also by the kernel before (tools/gpu_trace.sh)
 # Logs and the timelines' tables go to $OUT/ab/.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -64,6 +65,6 @@ for spec in ${AB_TRACES:-}; do
   env ${vars//,/ } OUT="$L" DS_TRACE_BIN="$bin" DS_TRACE_ARGS="$targs ${args//+/ }" DS_TRACE_TOKENS="$tokens" \
     DS_TRACE_TAG="${tname}_t$tokens" tools/gpu_trace.sh > /dev/null 2>&1 || status=1
   echo "== timeline: $tname, $tokens-token steps"
-  head -"${AB_TRACE_LINES:-20}" "$L/trace_${tname}_t$tokens.txt" 2>/dev/null | cut -c1-130
+  head -"${AB_TRACE_LINES:-20}" "$L/trace_${tname}_t$tokens.txt" 2>/dev/null | cut -c1-200
 done
 exit $status

@@ -9,6 +9,8 @@
 #        DS_TRACE_TOKENS  only steps of this many tokens (e.g. 8 for --batches 1 --verify 8)
 #        DS_TRACE_TAG   name of the CSV and table in $OUT (default decode)
 #        DS_TRACE_TIMELINE  "FIRST COUNT": also list those kernels of the middle step
+#        DS_TRACE_BY_PREV  1: launches also told apart by the kernel before them (kernel_trace.py
+#                          --by-prev: down_proj, out_proj and o_proj share a kernel and grid)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_trace}"
@@ -24,5 +26,6 @@ CUDA_INJECTION64_PATH="$LIB" DS_KERNEL_TRACE="$OUT/trace_$TAG.csv" "${DS_TRACE_B
 grep -E "^(decode|verify)" "$OUT/trace_$TAG.bench.txt"
 # shellcheck disable=SC2086
 python3 tools/kernel_trace.py "$OUT/trace_$TAG.csv" ${DS_TRACE_TOKENS:+--tokens $DS_TRACE_TOKENS} \
-  ${DS_TRACE_TIMELINE:+--timeline $DS_TRACE_TIMELINE} | tee "$OUT/trace_$TAG.txt"
+  $([ "${DS_TRACE_BY_PREV:-0}" = 1 ] && echo --by-prev) ${DS_TRACE_TIMELINE:+--timeline $DS_TRACE_TIMELINE} \
+  | tee "$OUT/trace_$TAG.txt"
 xz -f "$OUT/trace_$TAG.csv"

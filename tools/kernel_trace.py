@@ -5,9 +5,12 @@ The kernels of one stream end in stream order (each waits for the one before it)
 share of a step is the time from the end of the kernel before it to its own end: what the step
 would lose if it took no time. Steps start at an embedding kernel. The table gives, for each kind
 of launch (name and grid), its launches a step, its share of the step (the median over the
-steps after the first --skip), and the mean share and span (start to end) of one launch.
+steps after the first --skip), and the mean share and span (start to end) of one launch. With
+--by-prev a kind of launch is also told apart by the kernel before it (name and grid), so that
+launches of one kernel and grid for different weights (down_proj after gate_up, out_proj after the
+GDN kernel, o_proj after the attention combine) get rows of their own.
 
-usage: kernel_trace.py TRACE.csv [--skip N] [--top K] [--tokens T] [--timeline FIRST COUNT]
+usage: kernel_trace.py TRACE.csv [--skip N] [--top K] [--tokens T] [--by-prev] [--timeline FIRST COUNT]
 """
 import argparse
 import csv
@@ -35,6 +38,7 @@ def main():
     ap.add_argument("--skip", type=int, default=3, help="steps left out at the start (warm-up)")
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--tokens", type=int, help="only steps of this many tokens (the embedding's grid)")
+    ap.add_argument("--by-prev", action="store_true", help="tell launches apart by the kernel before them too")
     ap.add_argument("--timeline", type=int, nargs=2, metavar=("FIRST", "COUNT"),
                     help="also list kernels FIRST.. of the middle step: start and end from its first start")
     a = ap.parse_args()
@@ -60,8 +64,11 @@ def main():
         spans.append((st[-1][0] - st[0][1]) / 1e3)
         seen = {}
         prev_end = st[0][1]
+        before = "the step's start"  # --by-prev: the kernel before, its name without template arguments and grid
         for end, start, name, gx, gy, gz in st:
-            label = f"{short(name)} [{gx}x{gy}x{gz}]"
+            grid = f"[{gx}x{gy}x{gz}]"
+            label = f"{short(name)} {grid}" + (f" after {before}" if a.by_prev else "")
+            before = f"{short(name).split('<')[0]} {grid}"
             d = per_label.setdefault(label, {"share": [], "n": [], "one": [], "span": []})
             s = seen.setdefault(label, [0.0, 0])
             s[0] += (end - prev_end) / 1e3
