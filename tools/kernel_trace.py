@@ -64,7 +64,7 @@ def main():
         spans.append((st[-1][0] - st[0][1]) / 1e3)
         seen = {}
         prev_end = st[0][1]
-        before = "the step's start"  # --by-prev: the kernel before, its name without template arguments and grid
+        before = "the step's start"  # --by-prev: the kernel before (its name without template arguments, its grid)
         for end, start, name, gx, gy, gz in st:
             grid = f"[{gx}x{gy}x{gz}]"
             label = f"{short(name)} {grid}" + (f" after {before}" if a.by_prev else "")
