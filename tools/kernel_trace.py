@@ -66,9 +66,9 @@ def main():
         prev_end = st[0][1]
         before = "the step's start"  # --by-prev: the kernel before (its name without template arguments, its grid)
         for end, start, name, gx, gy, gz in st:
-            grid = f"[{gx}x{gy}x{gz}]"
-            label = f"{short(name)} {grid}" + (f" after {before}" if a.by_prev else "")
-            before = f"{short(name).split('<')[0]} {grid}"
+            kernel, grid = short(name), f"[{gx}x{gy}x{gz}]"
+            label = f"{kernel} {grid}" + (f" after {before}" if a.by_prev else "")
+            before = f"{kernel.split('<')[0]} {grid}"
             d = per_label.setdefault(label, {"share": [], "n": [], "one": [], "span": []})
             s = seen.setdefault(label, [0.0, 0])
             s[0] += (end - prev_end) / 1e3
