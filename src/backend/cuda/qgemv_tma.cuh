@@ -14,10 +14,11 @@
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM, or beside
 // a ring of one-unit stages when K is split and more tokens' inputs need the room) the block
-// first copies its inputs for its chunk range into shared memory, which every warp reads, and may
-// gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the separate
-// kernels do, so the model's gated linears need no kernel of their own); otherwise each lane reads
-// them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
+// first copies its inputs for its chunk range into shared memory, which every warp reads (beside
+// one-unit rings in two groups, so that warps start on their first stage before the rest lands),
+// and may gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the
+// separate kernels do, so the model's gated linears need no kernel of their own); otherwise each
+// lane reads them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
 //
 // W4A8 (A8, one token tile): int8 inputs, each token's 64-column chunk with its own scale (max |x|
 // / 127, round to nearest even: ops/act_int8.h is the CPU twin), and the int4 codes made int8 (16
@@ -284,25 +285,40 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
 // 2026-12-01-s14-cuda-27b.md). The other forms keep that loop: the one-token rings have a piece
 // a thread (cp.async was 0.06 ms slower at C1), and gated inputs loaded in batches before their
 // gates gained nothing.
+// Async with first_chunks in (0, c_end - c_begin): the first first_chunks chunks of every token
+// are copied as a group of their own, then the rest, and only the first group is waited for here
+// (the kernel's threads then arrive on its x_rest mbarrier once the rest has landed).
 template <GemvGate G, bool Async, class AfterLoads>
 __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                                              __nv_bfloat16* x_smem, int x_stride, int T, int K, int c_begin,
-                                             int c_end, AfterLoads after_loads) {
+                                             int c_end, int first_chunks, AfterLoads after_loads) {
   const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a token's row
   const int total = T * row;
   if constexpr (Async && G == GemvGate::kNone) {
-    // Piece i = t * row + e, advanced by the block's size without a division.
-    const int step = blockDim.x, dt = step / row, de = step % row;
-    int t = threadIdx.x / row, e = threadIdx.x % row;
-    for (int i = threadIdx.x; i < total; i += step) {
-      cp_async16(x_smem + t * x_stride + 8 * e, x + int64_t(t) * K + int64_t(c_begin) * kChunk + 8 * e);
-      t += dt;
-      e += de;
-      if (e >= row) e -= row, ++t;
-    }
-    cp_async_commit();
+    // Pieces [e0, e1) of every token's row, piece i = t * w + e advanced by the block's size
+    // without a division; one group.
+    auto copy_cols = [&](int e0, int e1) {
+      const int w = e1 - e0, n = T * w, step = blockDim.x;
+      if (n > 0) {
+        const int dt = step / w, de = step % w;
+        int t = threadIdx.x / w, e = threadIdx.x % w;
+        for (int i = threadIdx.x; i < n; i += step) {
+          const int col = 8 * (e0 + e);
+          cp_async16(x_smem + t * x_stride + col, x + int64_t(t) * K + int64_t(c_begin) * kChunk + col);
+          t += dt;
+          e += de;
+          if (e >= w) e -= w, ++t;
+        }
+      }
+      cp_async_commit();
+    };
+    const bool split = first_chunks > 0 && first_chunks < c_end - c_begin;
+    const int first = split ? first_chunks * kChunk / 8 : row;
+    copy_cols(0, first);
+    if (split) copy_cols(first, row);
     after_loads();
-    cp_async_wait<0>();
+    if (split) cp_async_wait<1>();
+    else cp_async_wait<0>();
   } else {
     bool asked = false;
     for (int i = threadIdx.x; i < total; i += blockDim.x) {
@@ -416,7 +432,9 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
-  const int n_stages = (c_end - c_begin + SC - 1) / SC;
+  const int chunks = c_end - c_begin, n_stages = (chunks + SC - 1) / SC;
+  // The chunks of the warp's last stage (SC but where K ends on a short one).
+  const int last_chunks = chunks - (n_stages - 1) * SC;
   const int row_warps = min(warps, (N - static_cast<int>(blockIdx.x) * warps * 16 + 15) / 16);  // with rows
 
   // Stage i of this warp into its slot i % S: units c_begin / kUnitChunks + SU i .. of its 16-row
@@ -425,7 +443,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   // path from one unit to the next, which two stages in flight leave exposed: a unit's integer
   // work costs stream rate (docs/perf/2026-12-03-s37-cuda-27b.md).
   const unsigned char* const src0 = w.unit(blockIdx.x * warps + warp, c_begin / kUnitChunks);
-  const uint32_t last_bytes = w.copy_bytes(c_end - c_begin - (n_stages - 1) * SC);
+  const uint32_t last_bytes = w.copy_bytes(last_chunks);
   uint64_t* const my_full = full + warp * S;
   unsigned char* const my_ring = rings + warp * S * stage_bytes;
   auto request = [&](int i) {
@@ -438,6 +456,17 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   // or MaxThreads past kWarps warps), which stage no inputs;
   // kUnitsBeforeWait units in the other blocks of several warps, whose other stages follow their
   // inputs (or pdl_wait).
+  // Ungated inputs staged beside one-unit rings (2-8 tokens) come in two groups: the first
+  // stage's chunks, which the block waits for, and the rest, which each warp waits for on x_rest
+  // once its first stage is done (verify 8 at 4k 6.26-6.28 against 6.32-6.34 ms, C8 6.51-6.54
+  // against 6.57-6.59, one token unchanged, on the H200; the same wait as a compare in the loop,
+  // stage 0 not peeled, gained nothing: docs/perf/2026-12-04-s39-cuda-27b.md).
+  constexpr bool kSplitStaging = XSmem && A8 == 0 && SU == 1 && G == GemvGate::kNone;
+  __shared__ uint64_t x_rest;
+  if (kSplitStaging && threadIdx.x == 0) {
+    mbar_init(&x_rest, blockDim.x);
+    mbar_init_fence();
+  }
   constexpr bool kNarrowBlocks = MaxThreads > kWarps * 32;
   const int ring = min(S, n_stages),
             early = warps == 1 || kNarrowBlocks ? ring : min(ring, max(1, kUnitsBeforeWait / SU));
@@ -463,8 +492,9 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       for (int i = early; i < ring; ++i) request(i);
   };
   if constexpr (A8 == 0 && XSmem) {
-    stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, request_rest);
-    __syncthreads();
+    stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, kSplitStaging ? SC : 0, request_rest);
+    __syncthreads();  // also orders x_rest's init before the arrivals
+    if constexpr (kSplitStaging) cp_async_mbar_arrive(&x_rest);
   } else {
     request_rest();
   }
@@ -490,7 +520,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     return reinterpret_cast<const uint4*>(my_ring + slot * stage_bytes + su * w.unit_bytes + w.slots * kSlotBytes);
   };
   // Whether stage i holds SC chunks (all but a short last one).
-  const bool last_whole = (c_end - c_begin) % SC == 0;
+  const bool last_whole = last_chunks == SC;
   auto whole = [&](int i) { return i < n_stages - 1 || last_whole; };
   if constexpr (A8 != 0) {
     // The lane's token row (lanes past T read the last token's) and the scales of its tokens 2 q4
@@ -545,8 +575,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
             for (int v = 0; v < V; ++v) inputs8(su * kUnitChunks + u0 + v, xv[v], xs[v]);
             stage_chunks8<V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, xs, soff, acc);
           }
-      } else {  // a warp's last stage, at the end of K: n < SC
-        const int n = c_end - c_begin - i * SC;
+      } else {  // a warp's last stage, at the end of K: last_chunks < SC
+        const int n = chunks - i * SC;  // last_chunks (kept live across the loop instead, it spilled)
         mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
         for (int q = 0; q < SC - 1; ++q)
@@ -565,7 +595,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       xs1 += SC * xs_step;
     }
   } else {
-    for (int i = 0; i < my_stages; ++i) {
+    // Stage i: its weights waited for and added up, its slot refilled.
+    auto run_stage = [&](int i) {
       const int slot = i % S;
       if (whole(i)) {
         if constexpr (XAhead) {
@@ -587,8 +618,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
               stage_chunks<NT, V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, soff, acc);
             }
         }
-      } else {  // a warp's last stage, at the end of K: n < SC
-        const int n = c_end - c_begin - i * SC;
+      } else {  // a warp's last stage, at the end of K: last_chunks < SC
+        const int n = chunks - i * SC;  // last_chunks (kept live across the loop instead, it spilled)
         mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
         for (int q = 0; q < SC - 1; ++q)
@@ -603,7 +634,13 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       if (lane == 0 && i + S < my_stages) request(i + S);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
+    };
+    int i = 0;
+    if constexpr (kSplitStaging) {  // stage 0 reads only the first group of the inputs
+      if (my_stages > 0) run_stage(i++);
+      mbar_wait(&x_rest, 0);
     }
+    for (; i < my_stages; ++i) run_stage(i);
   }
   // out.norm: every one-tile launch (w4a16_gemv_norms_output, w4a16_gemv_scales_output).
   store_results<NT, NT == 1>(acc, out, partial, counters, T, N, blockIdx.x * warps + warp, lane);
