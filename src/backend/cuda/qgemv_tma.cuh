@@ -285,9 +285,9 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
 // 2026-12-01-s14-cuda-27b.md). The other forms keep that loop: the one-token rings have a piece
 // a thread (cp.async was 0.06 ms slower at C1), and gated inputs loaded in batches before their
 // gates gained nothing.
-// Async with first_chunks in (0, c_end - c_begin): the first first_chunks chunks of every token
-// are copied as a group of their own, then the rest, and only the first group is waited for here
-// (the kernel's threads then arrive on its x_rest mbarrier once the rest has landed).
+// Async: the first first_chunks (> 0) chunks of every token are copied as a group of their own,
+// then the rest, and only the first group is waited for here (the kernel's threads then arrive on
+// its x_rest mbarrier once the rest has landed).
 template <GemvGate G, bool Async, class AfterLoads>
 __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                                              __nv_bfloat16* x_smem, int x_stride, int T, int K, int c_begin,
@@ -312,13 +312,12 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
       }
       cp_async_commit();
     };
-    const bool split = first_chunks > 0 && first_chunks < c_end - c_begin;
-    const int first = split ? first_chunks * kChunk / 8 : row;
+    // The second group is empty when the first holds all the block's chunks.
+    const int first = min(first_chunks, c_end - c_begin) * kChunk / 8;
     copy_cols(0, first);
-    if (split) copy_cols(first, row);
+    copy_cols(first, row);
     after_loads();
-    if (split) cp_async_wait<1>();
-    else cp_async_wait<0>();
+    cp_async_wait<1>();
   } else {
     bool asked = false;
     for (int i = threadIdx.x; i < total; i += blockDim.x) {
@@ -492,7 +491,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       for (int i = early; i < ring; ++i) request(i);
   };
   if constexpr (A8 == 0 && XSmem) {
-    stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, kSplitStaging ? SC : 0, request_rest);
+    stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, SC, request_rest);
     __syncthreads();  // also orders x_rest's init before the arrivals
     if constexpr (kSplitStaging) cp_async_mbar_arrive(&x_rest);
   } else {
