@@ -3,8 +3,10 @@
 // steps, several sequences per step on shuffled block tables, steps mixing decodes and prefill
 // chunks (both kernels), head dims 256 and 128; decode and verify chunks through the split-KV
 // kernel, through this one with the GQA heads packed (DS_ATTN_DECODE=tc, DS_ATTN_DECODE_WARPS=0)
-// and through attention_decode_kernel (the default). Then its speed against the split-KV kernel
-// at the 27B shape. Skipped where there is no GPU.
+// and through attention_decode_kernel (the default), which appends the step's keys and values
+// itself or finds them appended (DS_ATTN_DECODE_APPENDS=0); the steps after read the caches it
+// wrote. Then its speed against the split-KV kernel at the 27B shape. Skipped where there is no
+// GPU.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -55,19 +57,24 @@ StepPlan make_plan(const std::vector<int>& lens, const std::vector<int>& past, c
 
 // Which kernel takes decode and verify chunks (launchers.h), put back when a test ends.
 struct DecodeKernelRestored {
-  bool tc = cuda::attention_decode_tc(), warps = cuda::attention_decode_warps();
+  bool tc = cuda::attention_decode_tc(), warps = cuda::attention_decode_warps(),
+       appends = cuda::attention_decode_appends();
   ~DecodeKernelRestored() {
     cuda::set_attention_decode_tc(tc);
     cuda::set_attention_decode_warps(warps);
+    cuda::set_attention_decode_appends(appends);
   }
 };
 // The decode kernels: the split-KV CUDA-core kernel, the flash kernel with the GQA heads packed,
-// and attention_decode_kernel (every warp on each key tile; up to 32 packed rows a sequence).
-enum class DecodeKernel { kSimt, kFlash, kWarps };
-constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kSimt, DecodeKernel::kFlash, DecodeKernel::kWarps};
+// and attention_decode_kernel (every warp on each key tile; up to 32 packed rows a sequence),
+// which appends the step's keys and values itself (kWarps) or after kv_append (kWarpsAppended).
+enum class DecodeKernel { kSimt, kFlash, kWarps, kWarpsAppended };
+constexpr DecodeKernel kDecodeKernels[] = {DecodeKernel::kSimt, DecodeKernel::kFlash, DecodeKernel::kWarps,
+                                           DecodeKernel::kWarpsAppended};
 void use_decode_kernel(DecodeKernel k) {
   cuda::set_attention_decode_tc(k != DecodeKernel::kSimt);
-  cuda::set_attention_decode_warps(k == DecodeKernel::kWarps);
+  cuda::set_attention_decode_warps(k == DecodeKernel::kWarps || k == DecodeKernel::kWarpsAppended);
+  cuda::set_attention_decode_appends(k == DecodeKernel::kWarps);
 }
 
 class AttentionPrefillTest : public ::testing::Test {
@@ -122,7 +129,10 @@ class AttentionPrefillTest : public ::testing::Test {
     std::string what = "hd" + std::to_string(hd) + " nH" + std::to_string(nH) + " nKV" + std::to_string(nKV) + " q_std" +
                        std::to_string(q_std) + " lens";
     for (size_t s = 0; s < lens.size(); ++s) what += " " + std::to_string(lens[s]) + "@" + std::to_string(past[s]);
-    if (cuda::attention_decode_tc()) what += cuda::attention_decode_warps() ? " (decode: warps)" : " (decode: flash)";
+    if (cuda::attention_decode_tc())
+      what += !cuda::attention_decode_warps()       ? " (decode: flash)"
+              : cuda::attention_decode_appends() ? " (decode: warps, appending)"
+                                                 : " (decode: warps, appended)";
     const double err = step(lens, nH, nKV, hd, q_std);
     std::printf("[figure] attention_prefill rel_rms %s: %.2e\n", what.c_str(), err);
     EXPECT_LE(err, kTol) << what;
@@ -211,7 +221,7 @@ TEST_F(AttentionPrefillTest, DecodeAndVerifySteps) {
 // step.
 TEST_F(AttentionPrefillTest, DecodeSmallHeadDims) {
   const DecodeKernelRestored restore;
-  for (DecodeKernel kernel : {DecodeKernel::kFlash, DecodeKernel::kWarps}) {
+  for (DecodeKernel kernel : {DecodeKernel::kFlash, DecodeKernel::kWarps, DecodeKernel::kWarpsAppended}) {
     use_decode_kernel(kernel);
     for (int hd : {64, 128}) {
       const int nH = hd == 64 ? 8 : 6, nKV = hd == 64 ? 1 : 2;
@@ -262,8 +272,8 @@ TEST_F(AttentionPrefillTest, Speed27B) {
   Tensor d_sot = gpu->upload(seq_of_token.data(), DType::kI32, {T}, DType::kI32);
   gpu->synchronize();
   auto* bq = static_cast<const cuda::bf16*>(q.data);
-  auto* bk = static_cast<const cuda::bf16*>(kc.data);
-  auto* bv = static_cast<const cuda::bf16*>(vc.data);
+  auto* bk = static_cast<cuda::bf16*>(kc.data);
+  auto* bv = static_cast<cuda::bf16*>(vc.data);
   auto* cu_p = static_cast<const int32_t*>(d_cu.data);
   auto* tab_p = static_cast<const int32_t*>(d_table.data);
 
@@ -289,8 +299,8 @@ TEST_F(AttentionPrefillTest, Speed27B) {
     auto* past_p = static_cast<const int32_t*>(d_past.data);
     const int n_splits = cuda::attention_prefill_splits(1, n_new, nH, hd, n_past + n_new, 1, 512, 2, partial_budget);
     auto flash = [&] {
-      cuda::launch_attention_prefill(bq, bk, bv, static_cast<cuda::bf16*>(out.data), static_cast<float*>(partial.data),
-                                     n_splits, static_cast<const int32_t*>(d_sot.data),
+      cuda::launch_attention_prefill(bq, bk, bv, nullptr, nullptr, static_cast<cuda::bf16*>(out.data),
+                                     static_cast<float*>(partial.data), n_splits, static_cast<const int32_t*>(d_sot.data),
                                      static_cast<const int32_t*>(d_cu_new.data), past_p, tab_p, max_blocks, n_new, 1,
                                      16, INT_MAX, 1, nH, nKV, hd, bs, scale, nullptr);
     };

@@ -321,8 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kDecMaxRows = 32;
 constexpr int kDecWarps = 8;
 constexpr int kDecThreads = 32 * kDecWarps;
-constexpr int kDecBN = kBN;  // keys per K/V tile (load_kv_tile's): one 8-key n-tile a warp
-static_assert(kDecThreads == kThreads, "attention_decode_kernel loads its tiles with load_kv_tile");
+constexpr int kDecBN = kBN;  // keys per K/V tile: one 8-key n-tile a warp
 
 // Shared memory: Q bf16 [MT 16, HD], K and V bf16 [2][kDecBN, HD], P bf16 [MT 16, kDecBN], the
 // warps' row maxima and sums f32 [2][kDecWarps][MT 16]. hd 256, MT 1: 139 KiB.
@@ -335,17 +334,22 @@ constexpr int decode_smem_bytes() {
 // memory; rows, partial and out as attention_prefill_kernel's with pack = nH / nKV (blockIdx.y
 // counts the sequences with min_len < len <= max_len; each has at most MT 16 rows). Split z takes
 // keys [z n / n_splits, (z + 1) n / n_splits) of the n its last row sees: ranges of keys, not of
-// whole tiles, so that every split reads about as many keys.
+// whole tiles, so that every split reads about as many keys. k_new, v_new: null (the step's keys
+// and values are in the caches already: launch_kv_append), or the step's, bf16 [T, nKV, HD], which
+// the kernel reads from there and appends to the caches itself (split 0); the cached keys are
+// then asked for before pdl_wait, while the kernel before (attention prep) still runs.
 template <int HD, int MT>
 __global__ void __launch_bounds__(kDecThreads, 1)
-    attention_decode_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k_cache,
-                            const bf16* __restrict__ v_cache, bf16* __restrict__ out, float* __restrict__ partial,
-                            const int32_t* __restrict__ cu_seqlens, const int32_t* __restrict__ n_past,
-                            const int32_t* __restrict__ block_tables, int max_blocks, int n_seqs, int min_len,
-                            int max_len, int nH, int nKV, int block_size, float scale) {
+    attention_decode_kernel(const bf16* __restrict__ q, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+                            const bf16* __restrict__ k_new, const bf16* __restrict__ v_new, bf16* __restrict__ out,
+                            float* __restrict__ partial, const int32_t* __restrict__ cu_seqlens,
+                            const int32_t* __restrict__ n_past, const int32_t* __restrict__ block_tables,
+                            int max_blocks, int n_seqs, int min_len, int max_len, int nH, int nKV, int block_size,
+                            float scale) {
   constexpr int CH = HD / 8;         // 16-byte chunks per row
   constexpr int NTD = HD / 64;       // 8-dim n-tiles of O a warp
   constexpr int R = MT * 16;         // rows of the CTA
+  static_assert((kDecBN * CH) % kDecThreads == 0, "a K/V tile in whole rounds of the CTA");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [R, HD]
   bf16* sK = sQ + R * HD;                        // [2][kDecBN, HD]
@@ -375,6 +379,46 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   const int k_end = static_cast<int>(int64_t(blockIdx.z + 1) * n_keys / n_splits);
   const int kt_begin = k_begin / kDecBN, kt_end = k_begin < k_end ? (k_end - 1) / kDecBN + 1 : kt_begin;
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
+  // Cache row of key j (element offset of its 16-byte chunk ch).
+  auto cache_at = [&](int j, int ch) {
+    return ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
+  };
+  // K/V tile kt into stage `stage`, the split's keys (zeros outside them: masked below), those
+  // before `fresh` (part kCached), from it on (kFresh) or all (kAll). With k_new the step's own
+  // keys, from `past` on, come from k_new and v_new (bf16 [T, nKV, HD]), the others from the
+  // caches, which the kernels before this one do not write: they are asked for before pdl_wait.
+  enum Part { kCached, kFresh, kAll };
+  const int fresh = k_new != nullptr ? past : 0;
+  auto load_kv = [&](int kt, int stage, Part part) {
+    bf16* dk = sK + stage * kDecBN * HD;
+    bf16* dv = sV + stage * kDecBN * HD;
+#pragma unroll 2  // fully unrolled, the table lookups spill at hd 256
+    for (int i = 0; i < kDecBN * CH / kDecThreads; ++i) {
+      const int id = tid + i * kDecThreads, row = id / CH, ch = id % CH;
+      const int j = kt * kDecBN + row;
+      if (part != kAll && (j < fresh) != (part == kCached)) continue;
+      const bool valid = j >= k_begin && j < k_end;
+      const bf16 *ks = k_cache, *vs = v_cache;
+      if (valid && k_new != nullptr && j >= past) {
+        const int64_t at = (int64_t(seq_start + j - past) * nKV + kvh) * HD + ch * 8;
+        ks = k_new + at;
+        vs = v_new + at;
+      } else if (valid) {
+        const int64_t at = cache_at(j, ch);
+        ks = k_cache + at;
+        vs = v_cache + at;
+      }
+      const int dst = swz<HD>(row, ch);
+      cp_async16(smem_u32(dk + dst), ks, valid);
+      cp_async16(smem_u32(dv + dst), vs, valid);
+    }
+  };
+  // cp.async group 0 holds Q and the first tile (and the second's cached keys), group 1 the
+  // second tile, group g > 1 tile kt_begin + g.
+  if (k_new != nullptr) {
+    if (kt_begin < kt_end) load_kv(kt_begin, 0, kCached);
+    if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, kCached);
+  }
   pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
   pdl_trigger();
 
@@ -386,14 +430,19 @@ __global__ void __launch_bounds__(kDecThreads, 1)
       cp_async16(smem_u32(sQ + swz<HD>(row, ch)), valid ? q + row_th(row) * HD + ch * 8 : q, valid);
     }
   }
-  auto load_kv = [&](int kt, int stage) {  // the split's keys; zeros outside them (masked below)
-    load_kv_tile<HD>(sK + stage * kDecBN * HD, sV + stage * kDecBN * HD, k_cache, v_cache, table, block_size, nKV, kvh,
-                     kt, k_begin, k_end, tid);
-  };
-  if (kt_begin < kt_end) load_kv(kt_begin, 0);
+  if (kt_begin < kt_end) load_kv(kt_begin, 0, kFresh);
   cp_async_commit();
-  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1);
+  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, kFresh);
   cp_async_commit();
+  // The step's keys and values into the caches (split 0 of each sequence and KV head), for the
+  // steps after: this launch reads them from k_new and v_new.
+  if (k_new != nullptr && blockIdx.z == 0)
+    for (int i = tid; i < rows / pack * CH; i += kDecThreads) {
+      const int t = i / CH, ch = i % CH;
+      const int64_t from = (int64_t(seq_start + t) * nKV + kvh) * HD + ch * 8, to = cache_at(past + t, ch);
+      *reinterpret_cast<uint4*>(k_cache + to) = *reinterpret_cast<const uint4*>(k_new + from);
+      *reinterpret_cast<uint4*>(v_cache + to) = *reinterpret_cast<const uint4*>(v_new + from);
+    }
 
   const int g = lane >> 2, c = lane & 3;
   const int lm_row = lane & 7, lm_hi = (lane >> 3) & 1, lm_q = lane >> 4;
@@ -545,7 +594,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
       }
     }
     __syncthreads();  // every warp is done with this stage and with P before they are refilled
-    if (kt + 2 < kt_end) load_kv(kt + 2, stage);
+    if (kt + 2 < kt_end) load_kv(kt + 2, stage, kAll);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -597,7 +646,8 @@ void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf1
 }
 
 template <int HD, int MT>
-void launch_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial, int n_splits,
+void launch_decode(const bf16* q, bf16* k_cache, bf16* v_cache, const bf16* k_new, const bf16* v_new, bf16* out,
+                   float* partial, int n_splits,
                    const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
                    int n_seqs, int min_len, int max_len, int nH, int nKV, int block_size, float scale,
                    cudaStream_t s) {
@@ -610,7 +660,7 @@ void launch_decode(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16
   (void)configured;
   const dim3 grid(nKV, n_seqs, n_splits);
   launch_kernel("attention_decode", attention_decode_kernel<HD, MT>, grid, kDecThreads, smem, s, q, k_cache, v_cache,
-                out, partial, cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV,
+                k_new, v_new, out, partial, cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV,
                 block_size, scale);
 }
 
@@ -632,8 +682,8 @@ int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int
   return std::max(n, 1);
 }
 
-void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
-                              int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+void launch_attention_prefill(const bf16* q, bf16* k_cache, bf16* v_cache, const bf16* k_new, const bf16* v_new,
+                              bf16* out, float* partial, int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                               const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
                               int min_len, int max_len, int pack, int nH, int nKV, int hd, int block_size,
                               float scale, cudaStream_t s) {
@@ -645,16 +695,19 @@ void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_
   // attention_decode_kernel for sequences of at most 32 packed rows (one m-tile up to 16), else
   // the flash kernel.
   const bool decode = pack == nH / nKV && attention_decode_takes(max_len, pack);
+  DS_ASSERT((k_new == nullptr) == (v_new == nullptr), "attention_prefill: the step's keys without its values");
+  DS_ASSERT(k_new == nullptr || (decode && min_len == 0),
+            "attention_prefill: the step's keys are appended by attention_decode_kernel only, for every sequence");
   auto go = [&](auto head_dim) {
     constexpr int HD = decltype(head_dim)::value;
     if (!decode)
       launch_prefill<HD>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
                          n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
     else if (max_len * pack <= 16)
-      launch_decode<HD, 1>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
+      launch_decode<HD, 1>(q, k_cache, v_cache, k_new, v_new, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
                            n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
     else
-      launch_decode<HD, 2>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
+      launch_decode<HD, 2>(q, k_cache, v_cache, k_new, v_new, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
                            n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
   };
   if (hd == 64) go(std::integral_constant<int, 64>{});

@@ -908,8 +908,6 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   const size_t layer_elems = size_t(geo_.n_blocks) * geo_.block_size * nKV * hd;
   bf16* kc = impl_->k_cache + kv_layer * layer_elems;
   bf16* vc = impl_->v_cache + kv_layer * layer_elems;
-  cuda::launch_kv_append(B(k), B(v), kc, vc, impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
-                         impl_->block_tables, table_width_, T, nKV, hd, geo_.block_size, impl_->stream);
   // Sequences with more than kDecodeChunk new tokens take the tensor-core kernel, a CTA per query
   // head, when it has this head dim; the others take, over the token range holding them (the
   // scheduler puts decodes first, so in mixed steps that range is short), the tensor-core kernel
@@ -934,14 +932,29 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
     ++n_short;
   }
   if (graph_step_) split_ctx = max_ctx_;  // the whole padded width: the recording must not depend on the context
+  // Steps that attention_decode_kernel takes whole (every sequence short enough) let it append the
+  // step's keys and values itself, so that it asks for the cached ones while attention prep runs
+  // and no kv_append launch sits between them; the others append them first. On the H200 (27B
+  // shape, three rounds): verify 4 at 4k 5.768-5.782 against 5.785-5.802 ms, C1 at 1k
+  // 5.265-5.285 against 5.266-5.304, verify 8 (the flash kernel) unchanged; step spans 5,301
+  // against 5,309 us at one token, 5,761 against 5,773 at 4 (docs/perf/2026-12-04-s40-cuda-27b.md).
+  const int pack = nH / nKV;
+  const bool in_kernel_append = !prefill && tc && cuda::attention_decode_tc() &&
+                                cuda::attention_decode_takes(split_max_chunk, pack) &&
+                                cuda::attention_decode_appends() && reinterpret_cast<uintptr_t>(k.data) % 16 == 0 &&
+                                reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+  if (!in_kernel_append)
+    cuda::launch_kv_append(B(k), B(v), kc, vc, impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
+                           impl_->block_tables, table_width_, T, nKV, hd, geo_.block_size, impl_->stream);
   const size_t budget = (options_.scratch_bytes - scratch_used_) / 4;  // leave room for the rest of the layer
   if (prefill) {
     const size_t mark = scratch_mark();
     const int n_splits = cuda::attention_prefill_splits(plan_.n_seqs() - n_short, T, nH, hd, max_ctx_, 1,
                                                         kPrefillSplitKeys, 2, budget);
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
-    cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
-                                   impl_->n_past, impl_->block_tables, table_width_, T, plan_.n_seqs(), kDecodeChunk,
+    cuda::launch_attention_prefill(B(q), kc, vc, nullptr, nullptr, B(out), partial, n_splits, impl_->seq_of_token,
+                                   impl_->cu_seqlens, impl_->n_past, impl_->block_tables, table_width_, T,
+                                   plan_.n_seqs(), kDecodeChunk,
                                    INT_MAX, 1, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
     scratch_release(mark);  // queued work runs before the memory is handed out again
   }
@@ -950,15 +963,15 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
     // Partials are indexed by token from 0: t_end rows.
     // attention_decode_kernel's CTAs run in one wave (a second would double the chain of a CTA's
     // loads and arithmetic); the flash kernel's in two.
-    const int pack = nH / nKV;
     const bool warps = cuda::attention_decode_takes(split_max_chunk, pack);
     const int least = warps ? kWarpsSplitKeys : split_max_chunk > 2 ? kVerifySplitKeys : kDecodeSplitKeys;
     const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, least,
                                                         warps ? 1 : 2, budget);
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(t_end) * nH * n_splits, hd + 2})) : nullptr;
-    cuda::launch_attention_prefill(B(q), kc, vc, B(out), partial, n_splits, impl_->seq_of_token, impl_->cu_seqlens,
-                                   impl_->n_past, impl_->block_tables, table_width_, t_end, plan_.n_seqs(), 0,
-                                   split_max_chunk, pack, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
+    cuda::launch_attention_prefill(B(q), kc, vc, in_kernel_append ? B(k) : nullptr,
+                                   in_kernel_append ? B(v) : nullptr, B(out), partial, n_splits, impl_->seq_of_token,
+                                   impl_->cu_seqlens, impl_->n_past, impl_->block_tables, table_width_, t_end,
+                                   plan_.n_seqs(), 0, split_max_chunk, pack, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
     return;
   }
   const int n_rows = t_end - t_begin;

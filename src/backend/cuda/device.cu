@@ -69,6 +69,7 @@ namespace {
 bool g_pdl = env_flag("DS_PDL", true);
 bool g_attention_decode_tc = env_choice("DS_ATTN_DECODE", "simt", "tc", true);
 bool g_attention_decode_warps = env_flag("DS_ATTN_DECODE_WARPS", true);
+bool g_attention_decode_appends = env_flag("DS_ATTN_DECODE_APPENDS", true);
 
 // An attribute of the current device, asked of the driver.
 int current_device_attribute(cudaDeviceAttr attr) {
@@ -94,4 +95,6 @@ bool attention_decode_tc() { return g_attention_decode_tc; }
 void set_attention_decode_tc(bool on) { g_attention_decode_tc = on; }
 bool attention_decode_warps() { return g_attention_decode_warps; }
 void set_attention_decode_warps(bool on) { g_attention_decode_warps = on; }
+bool attention_decode_appends() { return g_attention_decode_appends; }
+void set_attention_decode_appends(bool on) { g_attention_decode_appends = on; }
 }  // namespace ds::cuda

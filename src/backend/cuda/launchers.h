@@ -391,8 +391,11 @@ int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int
 // CTA per query head: prefill) or nH / nKV (a CTA per KV head, its query heads packed into the
 // rows: decode and verify). Same q, caches and out as launch_attention; cu_seqlens i32
 // [n_seqs + 1]; partial: scratch of attention_prefill_splits' size when n_splits > 1.
-void launch_attention_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf16* out, float* partial,
-                              int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
+// k_new, v_new: null when the step's keys and values are in the caches (launch_kv_append), or
+// those (bf16 [T, nKV, hd]) for attention_decode_kernel to append itself (min_len 0, and
+// attention_decode_takes(max_len, pack)), so that it can ask for the cached ones before pdl_wait.
+void launch_attention_prefill(const bf16* q, bf16* k_cache, bf16* v_cache, const bf16* k_new, const bf16* v_new,
+                              bf16* out, float* partial, int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                               const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
                               int min_len, int max_len, int pack, int nH, int nKV, int hd, int block_size,
                               float scale, cudaStream_t s);
@@ -408,6 +411,11 @@ void set_attention_decode_tc(bool on);
 // switch it.
 bool attention_decode_warps();
 void set_attention_decode_warps(bool on);
+// Whether CudaOps::attention lets attention_decode_kernel append the step's keys and values
+// (true, default; steps it takes whole) or appends them with launch_kv_append first.
+// env DS_ATTN_DECODE_APPENDS = 1 | 0; tests may switch it.
+bool attention_decode_appends();
+void set_attention_decode_appends(bool on);
 
 // Per-row parameters of launch_sample, built on the host from a SampleRowSpec.
 struct SampleRowParams {
