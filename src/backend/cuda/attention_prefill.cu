@@ -49,25 +49,53 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// Element offset of key j's 16-byte chunk ch in the caches (bf16 [blocks, block_size, nKV, HD]),
+// through the sequence's block table.
+template <int HD>
+__device__ __forceinline__ int64_t cache_offset(const int32_t* table, int block_size, int nKV, int kvh, int j,
+                                                int ch) {
+  return ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
+}
+
+// The step's own keys and values where attention_decode_kernel appends them itself: key past + i
+// is token seq_start + i of k_new and v_new (bf16 [T, nKV, HD]). k_new null: every key is in the
+// caches.
+struct StepKeys {
+  const bf16* k_new = nullptr;
+  const bf16* v_new = nullptr;
+  int past = 0, seq_start = 0;
+};
+// Which keys of a tile load_kv_tile asks for: those before the step's own (which the kernels
+// before do not write, so they may be asked for before pdl_wait), the others, or all.
+enum class KvPart { kCached, kFresh, kAll };
+
 // Keys [kt kBN, (kt + 1) kBN) of KV head kvh into one stage (dk, dv bf16 [kBN, HD], swizzled),
 // gathered through the sequence's block table by cp.async, kThreads threads; keys outside [lo, hi)
-// are zeros (the callers mask them). Both kernels' K/V tiles.
+// are zeros (the callers mask them). Both kernels' K/V tiles; the step's own keys from `step`
+// where it has them.
 template <int HD>
 __device__ __forceinline__ void load_kv_tile(bf16* dk, bf16* dv, const bf16* k_cache, const bf16* v_cache,
                                              const int32_t* table, int block_size, int nKV, int kvh, int kt, int lo,
-                                             int hi, int tid) {
+                                             int hi, int tid, const StepKeys& step = {}, KvPart part = KvPart::kAll) {
   constexpr int CH = HD / 8;  // 16-byte chunks per row
   static_assert((kBN * CH) % kThreads == 0, "a K/V tile in whole rounds of the CTA");
+  const int fresh = step.k_new != nullptr ? step.past : 0;  // the first key of kFresh
 #pragma unroll 2  // fully unrolled, the table lookups spill at hd 256
   for (int i = 0; i < kBN * CH / kThreads; ++i) {
     const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
     const int j = kt * kBN + row;
+    if (part != KvPart::kAll && (j < fresh) != (part == KvPart::kCached)) continue;
     const bool valid = j >= lo && j < hi;
+    const bool own = step.k_new != nullptr && j >= step.past;
+    const bf16* ks = own ? step.k_new : k_cache;
+    const bf16* vs = own ? step.v_new : v_cache;
     int64_t off = 0;
-    if (valid) off = ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
+    if (valid)
+      off = own ? (int64_t(step.seq_start + j - step.past) * nKV + kvh) * HD + ch * 8
+                : cache_offset<HD>(table, block_size, nKV, kvh, j, ch);
     const int dst = swz<HD>(row, ch);
-    cp_async16(smem_u32(dk + dst), k_cache + off, valid);
-    cp_async16(smem_u32(dv + dst), v_cache + off, valid);
+    cp_async16(smem_u32(dk + dst), ks + off, valid);
+    cp_async16(smem_u32(dv + dst), vs + off, valid);
   }
 }
 
@@ -321,7 +349,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 constexpr int kDecMaxRows = 32;
 constexpr int kDecWarps = 8;
 constexpr int kDecThreads = 32 * kDecWarps;
-constexpr int kDecBN = kBN;  // keys per K/V tile: one 8-key n-tile a warp
+constexpr int kDecBN = kBN;  // keys per K/V tile (load_kv_tile's): one 8-key n-tile a warp
+static_assert(kDecThreads == kThreads, "attention_decode_kernel loads its tiles with load_kv_tile");
 
 // Shared memory: Q bf16 [MT 16, HD], K and V bf16 [2][kDecBN, HD], P bf16 [MT 16, kDecBN], the
 // warps' row maxima and sums f32 [2][kDecWarps][MT 16]. hd 256, MT 1: 139 KiB.
@@ -349,7 +378,6 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   constexpr int CH = HD / 8;         // 16-byte chunks per row
   constexpr int NTD = HD / 64;       // 8-dim n-tiles of O a warp
   constexpr int R = MT * 16;         // rows of the CTA
-  static_assert((kDecBN * CH) % kDecThreads == 0, "a K/V tile in whole rounds of the CTA");
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // [R, HD]
   bf16* sK = sQ + R * HD;                        // [2][kDecBN, HD]
@@ -379,45 +407,18 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   const int k_end = static_cast<int>(int64_t(blockIdx.z + 1) * n_keys / n_splits);
   const int kt_begin = k_begin / kDecBN, kt_end = k_begin < k_end ? (k_end - 1) / kDecBN + 1 : kt_begin;
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
-  // Cache row of key j (element offset of its 16-byte chunk ch).
-  auto cache_at = [&](int j, int ch) {
-    return ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
-  };
-  // K/V tile kt into stage `stage`, the split's keys (zeros outside them: masked below), those
-  // before `fresh` (part kCached), from it on (kFresh) or all (kAll). With k_new the step's own
-  // keys, from `past` on, come from k_new and v_new (bf16 [T, nKV, HD]), the others from the
-  // caches, which the kernels before this one do not write: they are asked for before pdl_wait.
-  enum Part { kCached, kFresh, kAll };
-  const int fresh = k_new != nullptr ? past : 0;
-  auto load_kv = [&](int kt, int stage, Part part) {
-    bf16* dk = sK + stage * kDecBN * HD;
-    bf16* dv = sV + stage * kDecBN * HD;
-#pragma unroll 2  // fully unrolled, the table lookups spill at hd 256
-    for (int i = 0; i < kDecBN * CH / kDecThreads; ++i) {
-      const int id = tid + i * kDecThreads, row = id / CH, ch = id % CH;
-      const int j = kt * kDecBN + row;
-      if (part != kAll && (j < fresh) != (part == kCached)) continue;
-      const bool valid = j >= k_begin && j < k_end;
-      const bf16 *ks = k_cache, *vs = v_cache;
-      if (valid && k_new != nullptr && j >= past) {
-        const int64_t at = (int64_t(seq_start + j - past) * nKV + kvh) * HD + ch * 8;
-        ks = k_new + at;
-        vs = v_new + at;
-      } else if (valid) {
-        const int64_t at = cache_at(j, ch);
-        ks = k_cache + at;
-        vs = v_cache + at;
-      }
-      const int dst = swz<HD>(row, ch);
-      cp_async16(smem_u32(dk + dst), ks, valid);
-      cp_async16(smem_u32(dv + dst), vs, valid);
-    }
+  // The step's keys from k_new where the kernel appends them (their tiles' cached keys are asked
+  // for before pdl_wait).
+  const StepKeys step{k_new, v_new, past, seq_start};
+  auto load_kv = [&](int kt, int stage, KvPart part) {
+    load_kv_tile<HD>(sK + stage * kDecBN * HD, sV + stage * kDecBN * HD, k_cache, v_cache, table, block_size, nKV, kvh,
+                     kt, k_begin, k_end, tid, step, part);
   };
   // cp.async group 0 holds Q and the first tile (and the second's cached keys), group 1 the
   // second tile, group g > 1 tile kt_begin + g.
   if (k_new != nullptr) {
-    if (kt_begin < kt_end) load_kv(kt_begin, 0, kCached);
-    if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, kCached);
+    if (kt_begin < kt_end) load_kv(kt_begin, 0, KvPart::kCached);
+    if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, KvPart::kCached);
   }
   pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
   pdl_trigger();
@@ -430,16 +431,17 @@ __global__ void __launch_bounds__(kDecThreads, 1)
       cp_async16(smem_u32(sQ + swz<HD>(row, ch)), valid ? q + row_th(row) * HD + ch * 8 : q, valid);
     }
   }
-  if (kt_begin < kt_end) load_kv(kt_begin, 0, kFresh);
+  if (kt_begin < kt_end) load_kv(kt_begin, 0, KvPart::kFresh);
   cp_async_commit();
-  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, kFresh);
+  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, KvPart::kFresh);
   cp_async_commit();
   // The step's keys and values into the caches (split 0 of each sequence and KV head), for the
   // steps after: this launch reads them from k_new and v_new.
   if (k_new != nullptr && blockIdx.z == 0)
     for (int i = tid; i < rows / pack * CH; i += kDecThreads) {
       const int t = i / CH, ch = i % CH;
-      const int64_t from = (int64_t(seq_start + t) * nKV + kvh) * HD + ch * 8, to = cache_at(past + t, ch);
+      const int64_t from = (int64_t(seq_start + t) * nKV + kvh) * HD + ch * 8,
+                    to = cache_offset<HD>(table, block_size, nKV, kvh, past + t, ch);
       *reinterpret_cast<uint4*>(k_cache + to) = *reinterpret_cast<const uint4*>(k_new + from);
       *reinterpret_cast<uint4*>(v_cache + to) = *reinterpret_cast<const uint4*>(v_new + from);
     }
@@ -594,7 +596,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
       }
     }
     __syncthreads();  // every warp is done with this stage and with P before they are refilled
-    if (kt + 2 < kt_end) load_kv(kt + 2, stage, kAll);
+    if (kt + 2 < kt_end) load_kv(kt + 2, stage, KvPart::kAll);
     cp_async_commit();
   }
   cp_async_wait<0>();
