@@ -300,7 +300,8 @@ TEST_F(AttentionPrefillTest, Speed27B) {
     const int n_splits = cuda::attention_prefill_splits(1, n_new, nH, hd, n_past + n_new, 1, 512, 2, partial_budget);
     auto flash = [&] {
       cuda::launch_attention_prefill(bq, bk, bv, nullptr, nullptr, static_cast<cuda::bf16*>(out.data),
-                                     static_cast<float*>(partial.data), n_splits, static_cast<const int32_t*>(d_sot.data),
+                                     static_cast<float*>(partial.data), n_splits,
+                                     static_cast<const int32_t*>(d_sot.data),
                                      static_cast<const int32_t*>(d_cu_new.data), past_p, tab_p, max_blocks, n_new, 1,
                                      16, INT_MAX, 1, nH, nKV, hd, bs, scale, nullptr);
     };

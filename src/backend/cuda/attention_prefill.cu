@@ -649,10 +649,9 @@ void launch_prefill(const bf16* q, const bf16* k_cache, const bf16* v_cache, bf1
 
 template <int HD, int MT>
 void launch_decode(const bf16* q, bf16* k_cache, bf16* v_cache, const bf16* k_new, const bf16* v_new, bf16* out,
-                   float* partial, int n_splits,
-                   const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables, int max_blocks,
-                   int n_seqs, int min_len, int max_len, int nH, int nKV, int block_size, float scale,
-                   cudaStream_t s) {
+                   float* partial, int n_splits, const int32_t* cu_seqlens, const int32_t* n_past,
+                   const int32_t* block_tables, int max_blocks, int n_seqs, int min_len, int max_len, int nH, int nKV,
+                   int block_size, float scale, cudaStream_t s) {
   constexpr int smem = decode_smem_bytes<HD, MT>();
   static const bool configured = [] {  // once per instantiation: more than the default 48 KiB
     CUDA_CHECK(
@@ -662,8 +661,8 @@ void launch_decode(const bf16* q, bf16* k_cache, bf16* v_cache, const bf16* k_ne
   (void)configured;
   const dim3 grid(nKV, n_seqs, n_splits);
   launch_kernel("attention_decode", attention_decode_kernel<HD, MT>, grid, kDecThreads, smem, s, q, k_cache, v_cache,
-                k_new, v_new, out, partial, cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len, nH, nKV,
-                block_size, scale);
+                k_new, v_new, out, partial, cu_seqlens, n_past, block_tables, max_blocks, n_seqs, min_len, max_len,
+                nH, nKV, block_size, scale);
 }
 
 }  // namespace
@@ -685,10 +684,10 @@ int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int
 }
 
 void launch_attention_prefill(const bf16* q, bf16* k_cache, bf16* v_cache, const bf16* k_new, const bf16* v_new,
-                              bf16* out, float* partial, int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
-                              const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
-                              int min_len, int max_len, int pack, int nH, int nKV, int hd, int block_size,
-                              float scale, cudaStream_t s) {
+                              bf16* out, float* partial, int n_splits, const int32_t* seq_of_token,
+                              const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables,
+                              int max_blocks, int T, int n_seqs, int min_len, int max_len, int pack, int nH, int nKV,
+                              int hd, int block_size, float scale, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(attention_prefill_supported(hd), "attention_prefill: head_dim %d unsupported", hd);
   DS_ASSERT(nKV > 0 && nH % nKV == 0, "attention_prefill: %d query heads over %d kv heads", nH, nKV);
@@ -706,11 +705,11 @@ void launch_attention_prefill(const bf16* q, bf16* k_cache, bf16* v_cache, const
       launch_prefill<HD>(q, k_cache, v_cache, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks, T,
                          n_seqs, min_len, max_len, pack, nH, nKV, block_size, scale, s);
     else if (max_len * pack <= 16)
-      launch_decode<HD, 1>(q, k_cache, v_cache, k_new, v_new, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
-                           n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
+      launch_decode<HD, 1>(q, k_cache, v_cache, k_new, v_new, out, partial, n_splits, cu_seqlens, n_past, block_tables,
+                           max_blocks, n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
     else
-      launch_decode<HD, 2>(q, k_cache, v_cache, k_new, v_new, out, partial, n_splits, cu_seqlens, n_past, block_tables, max_blocks,
-                           n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
+      launch_decode<HD, 2>(q, k_cache, v_cache, k_new, v_new, out, partial, n_splits, cu_seqlens, n_past, block_tables,
+                           max_blocks, n_seqs, min_len, max_len, nH, nKV, block_size, scale, s);
   };
   if (hd == 64) go(std::integral_constant<int, 64>{});
   else if (hd == 128) go(std::integral_constant<int, 128>{});

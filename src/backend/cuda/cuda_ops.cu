@@ -954,8 +954,8 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
     cuda::launch_attention_prefill(B(q), kc, vc, nullptr, nullptr, B(out), partial, n_splits, impl_->seq_of_token,
                                    impl_->cu_seqlens, impl_->n_past, impl_->block_tables, table_width_, T,
-                                   plan_.n_seqs(), kDecodeChunk,
-                                   INT_MAX, 1, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
+                                   plan_.n_seqs(), kDecodeChunk, INT_MAX, 1, nH, nKV, hd, geo_.block_size, scale,
+                                   impl_->stream);
     scratch_release(mark);  // queued work runs before the memory is handed out again
   }
   if (t_end <= t_begin) return;
@@ -971,7 +971,8 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
     cuda::launch_attention_prefill(B(q), kc, vc, in_kernel_append ? B(k) : nullptr,
                                    in_kernel_append ? B(v) : nullptr, B(out), partial, n_splits, impl_->seq_of_token,
                                    impl_->cu_seqlens, impl_->n_past, impl_->block_tables, table_width_, t_end,
-                                   plan_.n_seqs(), 0, split_max_chunk, pack, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
+                                   plan_.n_seqs(), 0, split_max_chunk, pack, nH, nKV, hd, geo_.block_size, scale,
+                                   impl_->stream);
     return;
   }
   const int n_rows = t_end - t_begin;

@@ -395,10 +395,10 @@ int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int
 // those (bf16 [T, nKV, hd]) for attention_decode_kernel to append itself (min_len 0, and
 // attention_decode_takes(max_len, pack)), so that it can ask for the cached ones before pdl_wait.
 void launch_attention_prefill(const bf16* q, bf16* k_cache, bf16* v_cache, const bf16* k_new, const bf16* v_new,
-                              bf16* out, float* partial, int n_splits, const int32_t* seq_of_token, const int32_t* cu_seqlens,
-                              const int32_t* n_past, const int32_t* block_tables, int max_blocks, int T, int n_seqs,
-                              int min_len, int max_len, int pack, int nH, int nKV, int hd, int block_size,
-                              float scale, cudaStream_t s);
+                              bf16* out, float* partial, int n_splits, const int32_t* seq_of_token,
+                              const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables,
+                              int max_blocks, int T, int n_seqs, int min_len, int max_len, int pack, int nH, int nKV,
+                              int hd, int block_size, float scale, cudaStream_t s);
 // Which kernel takes the sequences of at most 16 new tokens (decode, verify) where the tensor-
 // core kernel has the head dim: true (default), launch_attention_prefill with GQA packing; false,
 // the CUDA-core split-KV kernel (launch_attention). env DS_ATTN_DECODE = tc | simt; tests may
