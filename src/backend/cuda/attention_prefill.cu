@@ -361,12 +361,18 @@ constexpr int decode_smem_bytes() {
 
 // grid (nKV, n_seqs, n_splits), kDecThreads threads, decode_smem_bytes<HD, MT>() dynamic shared
 // memory; rows, partial and out as attention_prefill_kernel's with pack = nH / nKV (blockIdx.y
-// counts the sequences with min_len < len <= max_len; each has at most MT 16 rows). Split z takes
-// keys [z n / n_splits, (z + 1) n / n_splits) of the n its last row sees: ranges of keys, not of
-// whole tiles, so that every split reads about as many keys. k_new, v_new: null (the step's keys
-// and values are in the caches already: launch_kv_append), or the step's, bf16 [T, nKV, HD], which
-// the kernel reads from there and appends to the caches itself (split 0); the cached keys are
-// then asked for before pdl_wait, while the kernel before (attention prep) still runs.
+// counts the sequences with min_len < len <= max_len; each has at most MT 16 rows).
+// Split z takes the key tiles [z m / n_splits, (z + 1) m / n_splits) of the m that hold the keys
+// its last row sees; a split without a tile (more splits than tiles) writes an empty partial.
+// Whole tiles, so that no split runs its tile loop once more for a range that straddles a tile
+// edge. Ranges of keys did: at 1k the slowest of 128 CTAs ended 2 us after the average, in
+// %globaltimer stamps. Whole tiles took C1 at 1k to 5.215-5.218 from 5.236-5.256 ms, verify 4 at
+// 4k to 5.68-5.75 from 5.72-5.78, and C1 at 16k to 5.60-5.63 from 5.62-5.64 on the H200
+// (docs/perf/2026-12-04-s40-cuda-27b.md).
+// k_new, v_new: null (the step's keys and values are in the caches already: launch_kv_append), or
+// the step's, bf16 [T, nKV, HD], which the kernel reads from there and appends to the caches
+// itself (split 0); the cached keys are then asked for before pdl_wait, while the kernel before
+// (attention prep) still runs.
 template <int HD, int MT>
 __global__ void __launch_bounds__(kDecThreads, 1)
     attention_decode_kernel(const bf16* __restrict__ q, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
@@ -401,11 +407,11 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   auto row_th = [&](int r) { return int64_t(seq_start + r / pack) * nH + h0 + r % pack; };
   const int past = n_past[s];
   const int n_keys = past + (rows - 1) / pack + 1;  // keys the last row sees
-  // This split's keys [k_begin, k_end) (may be none), in the K/V tiles [kt_begin, kt_end).
-  const int n_splits = gridDim.z;
-  const int k_begin = static_cast<int>(int64_t(blockIdx.z) * n_keys / n_splits);
-  const int k_end = static_cast<int>(int64_t(blockIdx.z + 1) * n_keys / n_splits);
-  const int kt_begin = k_begin / kDecBN, kt_end = k_begin < k_end ? (k_end - 1) / kDecBN + 1 : kt_begin;
+  // This split's K/V tiles [kt_begin, kt_end) (may be none), its keys [k_begin, k_end).
+  const int n_splits = gridDim.z, n_tiles = (n_keys + kDecBN - 1) / kDecBN;
+  const int kt_begin = static_cast<int>(int64_t(blockIdx.z) * n_tiles / n_splits);
+  const int kt_end = static_cast<int>(int64_t(blockIdx.z + 1) * n_tiles / n_splits);
+  const int k_begin = kt_begin * kDecBN, k_end = min(n_keys, kt_end * kDecBN);
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
   // The step's keys from k_new where the kernel appends them (their tiles' cached keys are asked
   // for before pdl_wait).
