@@ -24,10 +24,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-__device__ __forceinline__ int64_t cache_row(const int32_t* block_tables, int max_blocks, int s, int i, int bs) {
-  return int64_t(block_tables[s * max_blocks + i / bs]) * bs + i % bs;
-}
-
 // grid T, block (nKV * hd) threads or fewer with striding
 __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache,
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
@@ -38,7 +34,7 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
   // 2026-12-01-s16-cuda-27b.md).
   const int t = blockIdx.x;
   const int s = seq_of_token[t];
-  const int64_t row = cache_row(block_tables, max_blocks, s, n_past[s] + (t - cu_seqlens[s]), block_size);
+  const int64_t row = cache_row(block_tables + s * max_blocks, n_past[s] + (t - cu_seqlens[s]), block_size);
   pdl_wait();  // launch.cuh
   pdl_trigger();
   // vec: 16 bytes a thread, the keys' and values' loads all issued at once. (Element by element,
@@ -126,7 +122,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
     for (int i = threadIdx.x; i < kTileKeys * vec_per_row; i += blockDim.x) {
       const int kk = i / vec_per_row, c = i % vec_per_row, j = tile + kk;
       const bool ok = j < j_end;
-      const int64_t base = ok ? (cache_row(block_tables, max_blocks, s, j, block_size) * nKV + kvh) * hd + c * 8 : 0;
+      const int64_t base = ok ? (cache_row(block_tables + s * max_blocks, j, block_size) * nKV + kvh) * hd + c * 8 : 0;
       cp_async16(&ks[b][kk][c * 8], k_cache + base, ok);
       cp_async16(&vs[b][kk][c * 8], v_cache + base, ok);
     }

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <cuda_runtime.h>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
@@ -54,7 +55,7 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 template <int HD>
 __device__ __forceinline__ int64_t cache_offset(const int32_t* table, int block_size, int nKV, int kvh, int j,
                                                 int ch) {
-  return ((int64_t(table[j / block_size]) * block_size + j % block_size) * nKV + kvh) * HD + ch * 8;
+  return (cache_row(table, j, block_size) * nKV + kvh) * HD + ch * 8;
 }
 
 // The step's own keys and values where attention_decode_kernel appends them itself: key past + i

@@ -13,6 +13,12 @@ namespace ds::cuda {
 // Whether p may be read and written 16 bytes at a time (uint4).
 __host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The paged KV cache's row of a sequence's key i, through the sequence's block table (i32
+// [max_blocks]) of blocks of block_size keys.
+__device__ __forceinline__ int64_t cache_row(const int32_t* table, int i, int block_size) {
+  return int64_t(table[i / block_size]) * block_size + i % block_size;
+}
+
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }

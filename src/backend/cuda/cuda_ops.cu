@@ -11,6 +11,7 @@
 #include <map>
 #include <vector>
 
+#include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
 #include "core/log.h"
@@ -941,8 +942,7 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   const int pack = nH / nKV;
   const bool in_kernel_append = !prefill && tc && cuda::attention_decode_tc() &&
                                 cuda::attention_decode_takes(split_max_chunk, pack) &&
-                                cuda::attention_decode_appends() && reinterpret_cast<uintptr_t>(k.data) % 16 == 0 &&
-                                reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+                                cuda::attention_decode_appends() && cuda::aligned16(k.data) && cuda::aligned16(v.data);
   if (!in_kernel_append)
     cuda::launch_kv_append(B(k), B(v), kc, vc, impl_->seq_of_token, impl_->cu_seqlens, impl_->n_past,
                            impl_->block_tables, table_width_, T, nKV, hd, geo_.block_size, impl_->stream);
