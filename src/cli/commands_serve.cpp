@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "cli/commands.h"
@@ -50,6 +51,8 @@ void run_serve(server::ServeOptions o, const std::string& config, bool synthetic
   }
   if (o.max_num_seqs < 1) cli_fail("--max-num-seqs must be at least 1");
   if (o.max_step_tokens < 1) cli_fail("--max-step-tokens must be at least 1");
+  if (o.block_size < 2 || (o.block_size & (o.block_size - 1)) != 0)
+    cli_fail("--block-size must be a power of two, at least 2 (got " + std::to_string(o.block_size) + ")");
   auto model = server::ServedModel::load(o);
   if (!model.ok()) cli_fail(model.status().message());
   server::HttpServer http(*model.value(), o);

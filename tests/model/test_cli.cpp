@@ -76,6 +76,8 @@ TEST(Cli, BadInputGivesClearErrors) {
       {"generate --device cpu --model /nonexistent --ids 1", "does not exist"},
       {"generate --device tpu" + model + " --ids 1", "unknown --device 'tpu'"},
       {"generate --device cpu" + model, "--ids is required"},
+      {"serve --device cpu" + model + " --block-size 12", "--block-size must be a power of two, at least 2 (got 12)"},
+      {"serve --device cpu" + model + " --block-size 0", "--block-size must be a power of two, at least 2 (got 0)"},
   };
   for (const auto& c : cases) {
     CliRun r = run_cli(c.args);

@@ -73,27 +73,39 @@ enum class KvPart { kCached, kFresh, kAll };
 // Keys [kt kBN, (kt + 1) kBN) of KV head kvh into one stage (dk, dv bf16 [kBN, HD], swizzled),
 // gathered through the sequence's block table by cp.async, kThreads threads; keys outside [lo, hi)
 // are zeros (the callers mask them). Both kernels' K/V tiles; the step's own keys from `step`
-// where it has them.
+// where it has them. Blocks hold 2^block_shift keys (at least 2: CudaOps::alloc_caches): lane e of
+// each warp reads the table entry of the tile's e-th block, and each row takes its block's entry
+// from that lane, so a tile costs a warp one table load and no division (a load and a division
+// a row took about half the decode kernel's instructions).
 template <int HD>
 __device__ __forceinline__ void load_kv_tile(bf16* dk, bf16* dv, const bf16* k_cache, const bf16* v_cache,
-                                             const int32_t* table, int block_size, int nKV, int kvh, int kt, int lo,
+                                             const int32_t* table, int block_shift, int nKV, int kvh, int kt, int lo,
                                              int hi, int tid, const StepKeys& step = {}, KvPart part = KvPart::kAll) {
   constexpr int CH = HD / 8;  // 16-byte chunks per row
   static_assert((kBN * CH) % kThreads == 0, "a K/V tile in whole rounds of the CTA");
+  static_assert(kBN <= 64, "a tile's blocks of 2 or more keys, one a lane");
+  const int first = kt * kBN;
   const int fresh = step.k_new != nullptr ? step.past : 0;  // the first key of kFresh
-#pragma unroll 2  // fully unrolled, the table lookups spill at hd 256
+  if ((part == KvPart::kCached && first >= fresh) || (part == KvPart::kFresh && first + kBN <= fresh)) return;
+  const int b0 = first >> block_shift, lane = tid & 31;
+  int entry = 0;  // lane e: the table entry of block b0 + e, where it holds a key below hi
+  if (lane <= (kBN - 1) >> block_shift && ((b0 + lane) << block_shift) < hi) entry = table[b0 + lane];
+  const int in_block = (1 << block_shift) - 1;
+#pragma unroll 2
   for (int i = 0; i < kBN * CH / kThreads; ++i) {
     const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
-    const int j = kt * kBN + row;
+    const int j = first + row;
+    const int block = __shfl_sync(0xffffffffu, entry, row >> block_shift);
     if (part != KvPart::kAll && (j < fresh) != (part == KvPart::kCached)) continue;
     const bool valid = j >= lo && j < hi;
     const bool own = step.k_new != nullptr && j >= step.past;
     const bf16* ks = own ? step.k_new : k_cache;
     const bf16* vs = own ? step.v_new : v_cache;
     int64_t off = 0;
-    if (valid)
-      off = own ? (int64_t(step.seq_start + j - step.past) * nKV + kvh) * HD + ch * 8
-                : cache_offset<HD>(table, block_size, nKV, kvh, j, ch);
+    if (valid) {
+      const int64_t key_row = own ? step.seq_start + j - step.past : (int64_t(block) << block_shift) | (j & in_block);
+      off = (key_row * nKV + kvh) * HD + ch * 8;
+    }
     const int dst = swz<HD>(row, ch);
     cp_async16(smem_u32(dk + dst), ks + off, valid);
     cp_async16(smem_u32(dv + dst), vs + off, valid);
@@ -148,6 +160,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kt_begin = min(n_kv_tiles, int(blockIdx.z) * per_split);  // this split's K/V tiles
   const int kt_end = min(n_kv_tiles, kt_begin + per_split);            // (may be none)
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
+  const int block_shift = __ffs(block_size) - 1;  // block_size: a power of two
   pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
   pdl_trigger();
 
@@ -161,8 +174,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // K/V tile `kt` into stage `stage` (zeros for keys >= n_keys: they are masked below).
   auto load_kv = [&](int kt, int stage) {
-    load_kv_tile<HD>(sK + stage * kBN * HD, sV + stage * kBN * HD, k_cache, v_cache, table, block_size, nKV, kvh, kt, 0,
-                     n_keys, tid);
+    load_kv_tile<HD>(sK + stage * kBN * HD, sV + stage * kBN * HD, k_cache, v_cache, table, block_shift, nKV, kvh, kt,
+                     0, n_keys, tid);
   };
   // cp.async group g holds K/V tile kt_begin + g (group 0 also Q); empty groups keep the count
   // uniform.
@@ -414,12 +427,13 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   const int kt_end = static_cast<int>(int64_t(blockIdx.z + 1) * n_tiles / n_splits);
   const int k_begin = kt_begin * kDecBN, k_end = min(n_keys, kt_end * kDecBN);
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
+  const int block_shift = __ffs(block_size) - 1;  // block_size: a power of two
   // The step's keys from k_new where the kernel appends them (their tiles' cached keys are asked
   // for before pdl_wait).
   const StepKeys step{k_new, v_new, past, seq_start};
   auto load_kv = [&](int kt, int stage, KvPart part) {
-    load_kv_tile<HD>(sK + stage * kDecBN * HD, sV + stage * kDecBN * HD, k_cache, v_cache, table, block_size, nKV, kvh,
-                     kt, k_begin, k_end, tid, step, part);
+    load_kv_tile<HD>(sK + stage * kDecBN * HD, sV + stage * kDecBN * HD, k_cache, v_cache, table, block_shift, nKV,
+                     kvh, kt, k_begin, k_end, tid, step, part);
   };
   // cp.async group 0 holds Q and the first tile (and the second's cached keys), group 1 the
   // second tile, group g > 1 tile kt_begin + g.

@@ -275,6 +275,9 @@ size_t CudaOps::cache_bytes_for(const CacheGeometry& g) const {
 }
 
 void CudaOps::alloc_caches(const CacheGeometry& g) {
+  // The attention kernels find a key's block by shifts (attention_prefill.cu's load_kv_tile).
+  DS_ASSERT(g.block_size >= 2 && (g.block_size & (g.block_size - 1)) == 0,
+            "the CUDA backend takes KV blocks of a power of two tokens, at least 2 (block size %d)", g.block_size);
   geo_ = g;
   const size_t kv = g.kv_elems() * sizeof(bf16);
   const size_t conv = g.conv_elems() * sizeof(bf16);
