@@ -505,16 +505,21 @@ __global__ void __launch_bounds__(kDecThreads, 1)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
 
-  // One m-tile's Q fragments stay in registers (64 at hd 256) from the first tile on; more are
-  // read from shared memory each tile.
-  uint32_t qf[MT == 1 ? HD / 16 : 1][4];
+  // The Q fragments stay in registers (64 an m-tile at hd 256: 248 registers at 2 m-tiles, no
+  // spill) from the first tile on. At 2 m-tiles, against reading them from shared memory each tile,
+  // on the H200 (three rounds): verify 3 at 4k 5.631-5.671 against 5.662-5.695 ms, verify 4
+  // 5.698-5.705 against 5.708-5.729, the kernel 10.98 against 11.38 us a launch at verify 4
+  // (docs/perf/2026-12-04-s42-cuda-27b.md).
+  uint32_t qf[MT][HD / 16][4];
   for (int kt = kt_begin; kt < kt_end; ++kt) {
     cp_async_wait<1>();  // tile kt (and Q) landed for this thread ...
     __syncthreads();     // ... and for every thread; the last tile's P and sums are read
-    if constexpr (MT == 1)
-      if (kt == kt_begin)
+    if (kt == kt_begin)
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) ldmatrix_x4(qf[kk], q_row + (kk / 4) * 128 + sw_q[kk % 4]);
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; ++kk)
+          ldmatrix_x4(qf[mt][kk], q_row + mt * 16 * HD * 2 + (kk / 4) * 128 + sw_q[kk % 4]);
     const int stage = (kt - kt_begin) & 1;
     const uint32_t k_base = k_row + stage * kDecBN * HD * 2, v_base = v_row + stage * kDecBN * HD * 2;
     // S f32 [R, 8] of this warp's keys: two accumulators per m-tile halve the mma chain.
@@ -527,18 +532,10 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     for (int kk = 0; kk < HD / 16; kk += 2) {
       uint32_t b[4];  // dims 16 kk .. 16 kk + 31 of the warp's 8 keys
       ldmatrix_x4(b, k_base + (kk / 4) * 128 + sw_k[(kk % 4) / 2]);
-      if constexpr (MT == 1) {
-        mma_bf16(sc[0][0], qf[kk], b[0], b[1]);
-        mma_bf16(sc[0][1], qf[kk + 1], b[2], b[3]);
-      } else {
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          uint32_t a0[4], a1[4];
-          ldmatrix_x4(a0, q_row + mt * 16 * HD * 2 + (kk / 4) * 128 + sw_q[kk % 4]);
-          ldmatrix_x4(a1, q_row + mt * 16 * HD * 2 + ((kk + 1) / 4) * 128 + sw_q[(kk + 1) % 4]);
-          mma_bf16(sc[mt][0], a0, b[0], b[1]);
-          mma_bf16(sc[mt][1], a1, b[2], b[3]);
-        }
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_bf16(sc[mt][0], qf[mt][kk], b[0], b[1]);
+        mma_bf16(sc[mt][1], qf[mt][kk + 1], b[2], b[3]);
       }
     }
     const int kv0 = kt * kDecBN;
