@@ -76,9 +76,10 @@ enum class KvPart { kCached, kFresh, kAll };
 // where it has them. Blocks hold 2^block_shift keys (at least 2: CudaOps::alloc_caches): lane e of
 // each warp reads the table entry of the tile's e-th block, and each row takes its block's entry
 // from that lane, so a tile costs a warp one table load and no division. A load and a division a
-// row took about half the decode kernel's instructions; without them, on the H200 (three rounds):
-// C1 at 1k 5.233-5.245 against 5.269-5.284 ms, at 16k 5.53-5.56 against 5.63-5.67, verify 8 at 4k
-// 6.24-6.26 against 6.28-6.29; the decode kernel 4.1 against 5.5 us a launch at 1k
+// row were, counted from the source, about half the decode kernel's instructions; without them,
+// on the H200 (three rounds): C1 at 1k 5.233-5.245 against 5.269-5.284 ms, at 16k 5.53-5.56
+// against 5.63-5.67, C8 at 16k 8.67-8.69 against 9.48-9.52, verify 8 at 4k 6.24-6.26 against
+// 6.28-6.29; the decode kernel 4.1 against 5.5 us a launch at 1k
 // (docs/perf/2026-12-04-s42-cuda-27b.md).
 template <int HD>
 __device__ __forceinline__ void load_kv_tile(bf16* dk, bf16* dv, const bf16* k_cache, const bf16* v_cache,
