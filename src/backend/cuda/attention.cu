@@ -34,7 +34,7 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
   // 2026-12-01-s16-cuda-27b.md).
   const int t = blockIdx.x;
   const int s = seq_of_token[t];
-  const int64_t row = cache_row(block_tables + s * max_blocks, n_past[s] + (t - cu_seqlens[s]), block_size);
+  const int64_t row = cache_row(block_tables + s * max_blocks, n_past[s] + (t - cu_seqlens[s]), block_shift_of(block_size));
   pdl_wait();  // launch.cuh
   pdl_trigger();
   // vec: 16 bytes a thread, the keys' and values' loads all issued at once. (Element by element,
@@ -117,12 +117,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
     for (int e = 0; e < 8; ++e) acc[r][e] = 0.f;
   }
   const int vec_per_row = hd / 8;  // 16-byte vectors per key row
+  const int block_shift = block_shift_of(block_size);
   // Tile [tile, tile + kTileKeys) of K and V into buffer b, zeros past j_end (cp.async).
   auto load_tile = [&](int tile, int b) {
     for (int i = threadIdx.x; i < kTileKeys * vec_per_row; i += blockDim.x) {
       const int kk = i / vec_per_row, c = i % vec_per_row, j = tile + kk;
       const bool ok = j < j_end;
-      const int64_t base = ok ? (cache_row(block_tables + s * max_blocks, j, block_size) * nKV + kvh) * hd + c * 8 : 0;
+      const int64_t base = ok ? (cache_row(block_tables + s * max_blocks, j, block_shift) * nKV + kvh) * hd + c * 8 : 0;
       cp_async16(&ks[b][kk][c * 8], k_cache + base, ok);
       cp_async16(&vs[b][kk][c * 8], v_cache + base, ok);
     }

@@ -53,9 +53,9 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 // Element offset of key j's 16-byte chunk ch in the caches (bf16 [blocks, block_size, nKV, HD]),
 // through the sequence's block table.
 template <int HD>
-__device__ __forceinline__ int64_t cache_offset(const int32_t* table, int block_size, int nKV, int kvh, int j,
+__device__ __forceinline__ int64_t cache_offset(const int32_t* table, int block_shift, int nKV, int kvh, int j,
                                                 int ch) {
-  return (cache_row(table, j, block_size) * nKV + kvh) * HD + ch * 8;
+  return (cache_row(table, j, block_shift) * nKV + kvh) * HD + ch * 8;
 }
 
 // The step's own keys and values where attention_decode_kernel appends them itself: key past + i
@@ -94,8 +94,7 @@ __device__ __forceinline__ void load_kv_tile(bf16* dk, bf16* dv, const bf16* k_c
   const int b0 = first >> block_shift, lane = tid & 31;
   int entry = 0;  // lane e: the table entry of block b0 + e, where it holds a key below hi
   if (lane <= (kBN - 1) >> block_shift && ((b0 + lane) << block_shift) < hi) entry = table[b0 + lane];
-  const int in_block = (1 << block_shift) - 1;
-#pragma unroll 2
+#pragma unroll 2  // fully unrolled: 255 registers at hd 256
   for (int i = 0; i < kBN * CH / kThreads; ++i) {
     const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
     const int j = first + row;
@@ -107,7 +106,7 @@ __device__ __forceinline__ void load_kv_tile(bf16* dk, bf16* dv, const bf16* k_c
     const bf16* vs = own ? step.v_new : v_cache;
     int64_t off = 0;
     if (valid) {
-      const int64_t key_row = own ? step.seq_start + j - step.past : (int64_t(block) << block_shift) | (j & in_block);
+      const int64_t key_row = own ? step.seq_start + j - step.past : block_row(block, j, block_shift);
       off = (key_row * nKV + kvh) * HD + ch * 8;
     }
     const int dst = swz<HD>(row, ch);
@@ -164,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kt_begin = min(n_kv_tiles, int(blockIdx.z) * per_split);  // this split's K/V tiles
   const int kt_end = min(n_kv_tiles, kt_begin + per_split);            // (may be none)
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
-  const int block_shift = __ffs(block_size) - 1;  // block_size: a power of two
+  const int block_shift = block_shift_of(block_size);
   pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
   pdl_trigger();
 
@@ -431,7 +430,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   const int kt_end = static_cast<int>(int64_t(blockIdx.z + 1) * n_tiles / n_splits);
   const int k_begin = kt_begin * kDecBN, k_end = min(n_keys, kt_end * kDecBN);
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
-  const int block_shift = __ffs(block_size) - 1;  // block_size: a power of two
+  const int block_shift = block_shift_of(block_size);
   // The step's keys from k_new where the kernel appends them (their tiles' cached keys are asked
   // for before pdl_wait).
   const StepKeys step{k_new, v_new, past, seq_start};
@@ -466,7 +465,7 @@ __global__ void __launch_bounds__(kDecThreads, 1)
     for (int i = tid; i < rows / pack * CH; i += kDecThreads) {
       const int t = i / CH, ch = i % CH;
       const int64_t from = (int64_t(seq_start + t) * nKV + kvh) * HD + ch * 8,
-                    to = cache_offset<HD>(table, block_size, nKV, kvh, past + t, ch);
+                    to = cache_offset<HD>(table, block_shift, nKV, kvh, past + t, ch);
       *reinterpret_cast<uint4*>(k_cache + to) = *reinterpret_cast<const uint4*>(k_new + from);
       *reinterpret_cast<uint4*>(v_cache + to) = *reinterpret_cast<const uint4*>(v_new + from);
     }

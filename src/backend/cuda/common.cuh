@@ -13,10 +13,15 @@ namespace ds::cuda {
 // Whether p may be read and written 16 bytes at a time (uint4).
 __host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// The paged KV cache's row of a sequence's key i, through the sequence's block table (i32
-// [max_blocks]) of blocks of block_size keys.
-__device__ __forceinline__ int64_t cache_row(const int32_t* table, int i, int block_size) {
-  return int64_t(table[i / block_size]) * block_size + i % block_size;
+// The paged KV cache's blocks hold a power of two keys (CudaOps::alloc_caches): 2^block_shift.
+__device__ __forceinline__ int block_shift_of(int block_size) { return __ffs(block_size) - 1; }
+// The cache row of a sequence's key i, which block `block` (its table entry) holds.
+__device__ __forceinline__ int64_t block_row(int32_t block, int i, int block_shift) {
+  return (int64_t(block) << block_shift) | (i & ((1 << block_shift) - 1));
+}
+// The cache row of a sequence's key i, through the sequence's block table (i32 [max_blocks]).
+__device__ __forceinline__ int64_t cache_row(const int32_t* table, int i, int block_shift) {
+  return block_row(table[i >> block_shift], i, block_shift);
 }
 
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -275,7 +275,7 @@ size_t CudaOps::cache_bytes_for(const CacheGeometry& g) const {
 }
 
 void CudaOps::alloc_caches(const CacheGeometry& g) {
-  // The attention kernels find a key's block by shifts (attention_prefill.cu's load_kv_tile).
+  // The attention kernels find a key's block by shifts (common.cuh's cache_row, block_row).
   DS_ASSERT(g.block_size >= 2 && (g.block_size & (g.block_size - 1)) == 0,
             "the CUDA backend takes KV blocks of a power of two tokens, at least 2 (block size %d)", g.block_size);
   geo_ = g;
