@@ -259,11 +259,15 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   // dk = dv = 128 is the model's.
   // The verify steps of few sequences take a CTA pair a head (their pairs fit one wave here), or
   // with the pairs off the kernel of a CTA a head in 4 parts (as where they do not fit).
-  const bool pair_before = cuda::gdn_decode_pair();
+  // With the one-token kernel on (the default) the decode steps take it; off, the kernel of a CTA a
+  // head or its 32-column tiles, as described below.
+  const bool pair_before = cuda::gdn_decode_pair(), token_before = cuda::gdn_decode_token();
+  for (bool token : {true, false})
   for (bool pair : {true, false})
   for (auto [Hk, Hv, dk, dv] : std::vector<std::array<int, 4>>{{2, 6, 16, 24}, {1, 3, 48, 80}, {1, 2, 128, 128}})
   for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
     cuda::set_gdn_decode_pair(pair);
+    cuda::set_gdn_decode_token(token);
     const int C = 2 * Hk * dk + Hv * dv;
     CudaOpsOptions o;
     o.state_dtype = sd;
@@ -305,7 +309,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
       const double tol = sd == StateDType::kF32 ? 1e-2 : sd == StateDType::kF16 ? 1.5e-2 : 3e-2;
       const std::string what = "dk" + std::to_string(dk) + "_dv" + std::to_string(dv) + "_state" +
                                std::to_string(static_cast<int>(sd)) + "_step" + std::to_string(step) +
-                               (pair ? "_pair" : "");
+                               (pair ? "_pair" : "") + (token ? "_token" : "");
       if (normed) {
         auto z = both(random_bf16(T * Hv * dv, rng), {T, Hv * dv});
         auto normed_out = outputs({T, Hv * dv});
@@ -336,6 +340,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
     }
   }
   cuda::set_gdn_decode_pair(pair_before);
+  cuda::set_gdn_decode_token(token_before);
 }
 
 // Paged GQA attention on prefill and decode steps, decode chunks through the split-KV kernel

@@ -868,10 +868,16 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
   cuda::launch_gdn_recurrent(B(qkv), gates, state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
                              sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm,
-                             gdn_head_parts(sh.n_v_heads));
+                             gdn_head_parts(sh));
 }
 
-int CudaOps::gdn_head_parts(int Hv) const {
+int CudaOps::gdn_head_parts(const GdnShape& sh) const {
+  // Decode steps take the kernel of a CTA of 256 threads a head with its state in registers and no
+  // barrier a token (cuda::kGdnOneToken). On the H200 (27B shape, 1k context, three rounds, docs/
+  // perf/2026-12-04-s43-cuda-27b.md): the kernel 5.98 against 6.49 us a launch at C1 in place;
+  // C1 5.158-5.166 against 5.195-5.224 ms, C8 6.368-6.386 against 6.474-6.502, C16
+  // 10.015-10.031 against 10.226-10.254; C64 even. Otherwise (DS_GDN_TOKEN=0, or head dims it
+  // lacks):
   // 4 parts of 32 rows at decode steps of up to kGdnFewSeqs sequences, whose CTAs have an SM each
   // with 2 parts too: a thread's rows and chains of dependent sums are half as long. On the H200
   // (27B shape, three interleaved rounds in each of two calls, docs/perf/
@@ -885,7 +891,10 @@ int CudaOps::gdn_head_parts(int Hv) const {
   // 5.662-5.673 against 5.643-5.662; at decode steps even at one sequence (C1 5.289-5.293 against
   // 5.274-5.293) and slower at two, whose pairs take two waves (C2 5.84 against 5.56).
   constexpr int kGdnPairMinTokens = 4;
-  if (max_chunk_ >= kGdnPairMinTokens && gdn_verify_head() && cuda::gdn_decode_pair_fits(plan_.n_seqs(), Hv))
+  if (max_chunk_ == 1 && cuda::gdn_decode_token() && cuda::gdn_decode_token_supported(sh.k_head_dim, sh.v_head_dim))
+    return cuda::kGdnOneToken;
+  if (max_chunk_ >= kGdnPairMinTokens && gdn_verify_head() &&
+      cuda::gdn_decode_pair_fits(plan_.n_seqs(), sh.n_v_heads))
     return cuda::kGdnHeadPair;
   const bool few = max_chunk_ == 1 ? plan_.n_seqs() <= kGdnFewSeqs : gdn_verify_head();
   return few ? cuda::kGdnHeadFewSeqsParts : cuda::kGdnHeadParts;

@@ -1,11 +1,13 @@
 // Gated delta rule, token by token (the columns of S are independent given k, q, g and beta).
-// Decode-sized chunks: the state lives in registers across 8 warps (gdn_decode_kernel; a warp
-// per 4 columns summing with shuffles, no block barrier a token, measured slower on the H200:
-// docs/perf/2026-11-29-s6-cuda-27b.md), or at 8 or more sequences across the two halves of a
-// CTA per head, the head's state moved by bulk copies (gdn_decode_head_kernel, which can also
-// apply the gated RMSNorm that follows the rule: GdnNorm). Long chunks: one block per (sequence,
-// v-head) holds S [dk, dv] in fp32 shared memory for the whole chunk, thread j owning column j;
-// CudaOps uses it only where the chunked tensor-core kernel (gdn_chunked.cu) lacks the shape.
+// Decode steps with the gates' a and b (the model's): a CTA a head, the state in registers and no
+// barrier a token (gdn_decode_token_kernel). Other decode-sized chunks: the state lives in
+// registers across 8 warps (gdn_decode_kernel; a warp per 4 columns summing with shuffles, no
+// block barrier a token, measured slower on the H200: docs/perf/2026-11-29-s6-cuda-27b.md), or
+// at 8 or more sequences across the two halves of a CTA per head, the head's state moved by bulk
+// copies (gdn_decode_head_kernel, which can also apply the gated RMSNorm that follows the rule:
+// GdnNorm). Long chunks: one block per (sequence, v-head) holds S [dk, dv] in fp32 shared memory
+// for the whole chunk, thread j owning column j; CudaOps uses it only where the chunked
+// tensor-core kernel (gdn_chunked.cu) lacks the shape.
 #include <algorithm>
 #include <type_traits>
 
@@ -458,13 +460,184 @@ __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(kDecodeMaxK / 2 * kP
                                              norm);
 }
 
+
+// Decode steps (one token a sequence), with or without the gated norm: a CTA of kTokWarps warps a
+// (sequence, v-head), the head's state in registers. Warp w owns columns [16 w, 16 w + 16); lane l
+// holds the column pair 16 w + 2 (l % 8), + 1 and rows [32 (l / 8), + 32) of both, so a column's
+// sums over its rows meet by two shuffles and a warp's loads of a state row are whole 32-byte
+// sectors. The state and the weights of the gates and the norm are loaded before pdl_wait; after
+// it every lane asks at once for its rows of q and k (L2-normalised by shuffles), the gates' a and
+// b, v and z: one round trip, no prologue barrier. One pass makes both of a column's sums, m =
+// S^T k and b = S^T q, since the output after the update is (alpha S + k delta^T)^T q = alpha b +
+// (k . q) delta; so the token takes no barrier, and the norm one (the sum of squares over the
+// head). Full: dk = dv = 128 at compile time, so a row's loads and stores are one instruction each
+// (an immediate offset, no bound check). On the H200 at C1 (27B shape, docs/perf/
+// 2026-12-04-s43-cuda-27b.md): 5.98 us a launch in place, 4.9 alone (Nsight Compute), against
+// 6.49 for the kernel of a CTA a head in 4 parts. Lost there: the same with runtime head dims
+// (1,589 instructions a warp against 742: 6.09 us), 16 warps of 16 rows a lane (7.12 us), and a
+// cluster of 4 CTAs a head (5.78 us at C1 but C8 6.90 against 6.37 ms; at verify 8 10.9 us a
+// launch against 8.8 for the CTA pair, its tokens a chain of about 250 instructions a warp).
+constexpr int kTokWarps = 8;               // 2 CTAs an SM (127 registers with an fp16 state)
+constexpr int kTokRows = kDecodeMaxK / 4;  // rows a lane: 4 row groups a column pair
+
+// Two adjacent state elements: raw (as loaded, before pdl_wait) and as floats.
+__device__ __forceinline__ float2 state_pair_raw(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ uint32_t state_pair_raw(const __half* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ __forceinline__ uint32_t state_pair_raw(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+template <class StateT, class Raw>
+__device__ __forceinline__ float2 state_pair_f32(Raw r) {
+  if constexpr (std::is_same_v<StateT, float>) return r;
+  else if constexpr (std::is_same_v<StateT, __half>) return __half22float2(*reinterpret_cast<const __half2*>(&r));
+  else return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r));
+}
+__device__ __forceinline__ void store_state_pair(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+__device__ __forceinline__ void store_state_pair(__half* p, float x, float y) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(x, y);
+}
+__device__ __forceinline__ void store_state_pair(__nv_bfloat16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ float2 bf16_pair(uint32_t w) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
+}
+
+template <class StateT, bool Norm, bool Full>
+__global__ void __launch_bounds__(kTokWarps * 32, 2) gdn_decode_token_kernel(
+    const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
+    const int32_t* slots, int Hk, int Hv, int dk_, int dv_, GdnNorm norm) {
+  using Raw = std::conditional_t<std::is_same_v<StateT, float>, float2, uint32_t>;
+  __shared__ float ss_w[kTokWarps];  // Norm: each warp's sum of squares of its columns' outputs
+  const int dk = Full ? kDecodeMaxK : dk_, dv = Full ? kDecodeMaxK : dv_;
+  const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int col = 16 * warp + 2 * (lane & 7), i0 = kTokRows * (lane >> 3);
+  const bool has_col = Full || col < dv;  // dv is even: both columns
+  const int t = cu_seqlens[s];  // the sequence's token (launch_gdn_recurrent: at most one)
+  if (cu_seqlens[s + 1] == t) return;
+  const int C = 2 * Hk * dk + Hv * dv;
+  // Element (i0 + r, col + e) is st[r dv + e].
+  StateT* st = state + (int64_t(slots[s]) * Hv + h) * dk * dv + int64_t(i0) * dv + col;
+  const bool load = has_col && n_past[s] != 0;  // a fresh sequence starts from zeros
+
+  // The state first (the step plan and the state are not written by the kernel before this one).
+  Raw raw[kTokRows];  // rows i0 + r of the column pair, as stored
+#pragma unroll
+  for (int r = 0; r < kTokRows; ++r) raw[r] = load && (Full || i0 + r < dk) ? state_pair_raw(st + r * dv) : Raw{};
+  const float2 w2 = Norm && has_col ? *reinterpret_cast<const float2*>(norm.w + col) : make_float2(0.f, 0.f);
+  const float a_log = gates.a_log[h], dt_bias = gates.dt_bias[h];
+  pdl_wait();  // qkv, the gates and z come from the kernels before
+  pdl_trigger();
+
+  // This lane's rows of q and k as loaded (bf16 pairs; dk is even), their norms taken below.
+  const bf16* row = qkv + int64_t(t) * C;
+  const bf16* qp = row + kh * dk + i0;
+  const bf16* kp = row + Hk * dk + kh * dk + i0;
+  uint32_t q2[kTokRows / 2], k2[kTokRows / 2];
+  if constexpr (Full) {  // C and the rows' starts are multiples of 8 elements
+#pragma unroll
+    for (int i = 0; i < kTokRows / 8; ++i) {
+      *reinterpret_cast<uint4*>(&q2[4 * i]) = *reinterpret_cast<const uint4*>(qp + 8 * i);
+      *reinterpret_cast<uint4*>(&k2[4 * i]) = *reinterpret_cast<const uint4*>(kp + 8 * i);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kTokRows; r += 2) {
+      const bool in = i0 + r < dk;
+      q2[r / 2] = in ? *reinterpret_cast<const uint32_t*>(qp + r) : 0u;
+      k2[r / 2] = in ? *reinterpret_cast<const uint32_t*>(kp + r) : 0u;
+    }
+  }
+  const int64_t gi = int64_t(t) * Hv + h;
+  const float ga = to_f32(gates.a[gi]), gb = to_f32(gates.b[gi]);
+  const float2 v2 =
+      has_col ? bf16_pair(*reinterpret_cast<const uint32_t*>(row + 2 * Hk * dk + h * dv + col)) : make_float2(0.f, 0.f);
+  const float2 z2 =
+      Norm && has_col ? bf16_pair(*reinterpret_cast<const uint32_t*>(norm.z + gi * dv + col)) : make_float2(0.f, 0.f);
+
+  // Over this lane's rows: S^T k and S^T q for both columns, k . q, and the sums of squares of q
+  // and k, two chains each (rows r and r + 1).
+  float m0[2] = {}, m1[2] = {}, b0[2] = {}, b1[2] = {}, kq[2] = {}, qss[2] = {}, kss[2] = {};
+#pragma unroll
+  for (int r = 0; r < kTokRows; r += 2) {
+    const float2 qv = bf16_pair(q2[r / 2]), kv = bf16_pair(k2[r / 2]);
+    const float2 x = state_pair_f32<StateT>(raw[r]), y = state_pair_f32<StateT>(raw[r + 1]);
+    m0[0] += x.x * kv.x, m0[1] += y.x * kv.y;
+    m1[0] += x.y * kv.x, m1[1] += y.y * kv.y;
+    b0[0] += x.x * qv.x, b0[1] += y.x * qv.y;
+    b1[0] += x.y * qv.x, b1[1] += y.y * qv.y;
+    kq[0] += kv.x * qv.x, kq[1] += kv.y * qv.y;
+    qss[0] += qv.x * qv.x, qss[1] += qv.y * qv.y;
+    kss[0] += kv.x * kv.x, kss[1] += kv.y * kv.y;
+  }
+  // The lanes of a column pair differ in bits 3 and 4.
+  auto rows_sum = [](const float (&x)[2]) {
+    float v = x[0] + x[1];
+    v += __shfl_xor_sync(0xffffffffu, v, 8);
+    return v + __shfl_xor_sync(0xffffffffu, v, 16);
+  };
+  float g, beta;
+  gdn_gate(ga, gb, a_log, dt_bias, g, beta);
+  const float qn = rsqrtf(rows_sum(qss) + 1e-6f) * rsqrtf(static_cast<float>(dk)), kn = rsqrtf(rows_sum(kss) + 1e-6f);
+  const float alpha = expf(g);
+  const float d0 = beta * (v2.x - alpha * kn * rows_sum(m0)), d1 = beta * (v2.y - alpha * kn * rows_sum(m1));
+  const float kqs = kn * qn * rows_sum(kq);
+  const float o0 = alpha * qn * rows_sum(b0) + kqs * d0, o1 = alpha * qn * rows_sum(b1) + kqs * d1;
+  // The new state: alpha S + k delta^T, k normalised.
+  if (has_col) {
+    const float e0 = kn * d0, e1 = kn * d1;
+#pragma unroll
+    for (int r = 0; r < kTokRows; r += 2) {
+      if (!Full && i0 + r >= dk) break;
+      const float2 kv = bf16_pair(k2[r / 2]);
+      const float2 x = state_pair_f32<StateT>(raw[r]), y = state_pair_f32<StateT>(raw[r + 1]);
+      store_state_pair(st + r * dv, fmaf(alpha, x.x, kv.x * e0), fmaf(alpha, x.y, kv.x * e1));
+      store_state_pair(st + (r + 1) * dv, fmaf(alpha, y.x, kv.y * e0), fmaf(alpha, y.y, kv.y * e1));
+    }
+  }
+  bf16* dst = out + gi * dv + col;
+  if constexpr (Norm) {
+    // The norm reads the output rounded to bf16, as the separate kernel does.
+    const float r0 = to_f32(to_bf16(o0)), r1 = to_f32(to_bf16(o1));
+    const float ss = warp_sum(lane < 8 && has_col ? r0 * r0 + r1 * r1 : 0.f);
+    if (lane == 0) ss_w[warp] = ss;
+    __syncthreads();
+    float tot = 0.f;
+#pragma unroll
+    for (int w = 0; w < kTokWarps; ++w) tot += ss_w[w];
+    const float inv = rsqrtf(tot / dv + norm.eps);
+    if (lane < 8 && has_col) {
+      __nv_bfloat162 pair;
+      pair.x = gdn_norm_out(r0, inv, w2.x, z2.x, norm.sigmoid_gate);
+      pair.y = gdn_norm_out(r1, inv, w2.y, z2.y, norm.sigmoid_gate);
+      *reinterpret_cast<__nv_bfloat162*>(dst) = pair;
+    }
+  } else if (lane < 8 && has_col) {
+    *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0, o1);
+  }
+}
+
 }  // namespace
 
 bool gdn_decode_supported(int dk) { return dk <= kDecodeMaxK; }
 
+bool gdn_decode_token_supported(int dk, int dv) {
+  return dk <= kDecodeMaxK && dv <= kDecodeMaxK && dk % 2 == 0 && dv % 2 == 0;
+}
+
 namespace {
 bool g_gdn_pair = env_flag("DS_GDN_PAIR", true);
 }  // namespace
+
+namespace {
+bool g_gdn_token = env_flag("DS_GDN_TOKEN", true);
+}  // namespace
+
+bool gdn_decode_token() { return g_gdn_token; }
+void set_gdn_decode_token(bool on) { g_gdn_token = on; }
 
 bool gdn_decode_pair_fits(int n_seqs, int Hv) { return g_gdn_pair && 2 * int64_t(n_seqs) * Hv <= sm_count(); }
 bool gdn_decode_pair() { return g_gdn_pair; }
@@ -479,7 +652,8 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm,
                           int head_parts) {
   if (n_seqs == 0) return;
-  DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadFewSeqsParts || head_parts == kGdnHeadPair,
+  DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadFewSeqsParts || head_parts == kGdnHeadPair ||
+                head_parts == kGdnOneToken,
             "GDN decode: %d row parts a head", head_parts);
   const bool normed = norm.z != nullptr;
   DS_ASSERT(!normed || (short_chunks && gdn_decode_norm_supported(dk, dv, state_dtype)),
@@ -489,6 +663,20 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
     auto go = [&](auto* typed_state, auto norm_on) {
       using StateT = std::remove_pointer_t<decltype(typed_state)>;
       constexpr bool Norm = decltype(norm_on)::value;
+      if (head_parts == kGdnOneToken) {
+        DS_ASSERT(gates.a && gdn_decode_token_supported(dk, dv),
+                  "GDN decode: the one-token kernel takes the gates' a and b, and even head dims up to %d (dk %d, "
+                  "dv %d)",
+                  kDecodeMaxK, dk, dv);
+        auto token = [&](auto full) {
+          launch_kernel("gdn_decode", gdn_decode_token_kernel<StateT, Norm, decltype(full)::value>, dim3(n_seqs, Hv),
+                        kTokWarps * 32, 0, s, qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv,
+                        norm);
+        };
+        if (dk == kDecodeMaxK && dv == kDecodeMaxK) token(std::true_type{});
+        else token(std::false_type{});
+        return;
+      }
       // head_parts: Parts of a CTA a head, or kGdnHeadPair (a CTA pair a head, kPairParts each).
       auto head = [&](auto parts) {
         constexpr bool Pair = decltype(parts)::value == kGdnHeadPair;

@@ -323,9 +323,18 @@ bool gdn_decode_norm_supported(int dk, int dv, int state_dtype);
 // 2 (256 threads) by default, 4 (512 threads) for the steps of few sequences that CudaOps gives it;
 // kGdnHeadPair: a CTA pair a head, each with half the columns in 8 parts (512 threads), for the
 // verify steps of 4 or more tokens whose pairs fit one wave (gdn_decode_pair_fits).
+// kGdnOneToken: every sequence feeds one token (decode steps), the gates come as a and b, and
+// gdn_decode_token_supported: a CTA of 256 threads a head whose token takes no barrier
+// (gdn_decode_token_kernel).
 constexpr int kGdnHeadParts = 2;
 constexpr int kGdnHeadFewSeqsParts = 4;
 constexpr int kGdnHeadPair = -2;
+constexpr int kGdnOneToken = -1;
+bool gdn_decode_token_supported(int dk, int dv);
+// Whether CudaOps gives decode steps kGdnOneToken (env DS_GDN_TOKEN = 1, the default | 0; tests
+// may switch it).
+bool gdn_decode_token();
+void set_gdn_decode_token(bool on);
 // Whether the CTA pairs of n_seqs sequences of Hv heads fit one wave (one 512-thread CTA an SM),
 // and the pairs are on (env DS_GDN_PAIR = 1, the default | 0; gdn_decode_pair, set_gdn_decode_pair).
 bool gdn_decode_pair_fits(int n_seqs, int Hv);
