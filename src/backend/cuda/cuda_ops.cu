@@ -835,9 +835,14 @@ void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a
   // with the norm at a verify step of 8 tokens 7.06-7.13 against 6.88-6.93 (the kernel of a CTA a
   // head against the register-state tiles); in clusters of those tiles, no gain at C1. Verify
   // steps of up to kGdnFewSeqs sequences take it with 4 parts of a column's rows
-  // (gdn_verify_head).
+  // (gdn_verify_head). Decode steps that take the one-token kernel (gdn_head_parts) take the norm
+  // in it at any count of sequences: on the H200 (1k context, three rounds, docs/perf/
+  // 2026-12-04-s43-cuda-27b.md) C32 14.26-14.28 against 14.39-14.42 ms, C64 22.90 against
+  // 23.01-23.07, fewer sequences unchanged.
   constexpr int kGdnNormMaxSeqs = 16;
-  const bool in_kernel = max_chunk_ == 1 ? plan_.n_seqs() <= kGdnNormMaxSeqs : gdn_verify_head();
+  const bool in_kernel = max_chunk_ == 1
+                             ? gdn_head_parts(sh) == cuda::kGdnOneToken || plan_.n_seqs() <= kGdnNormMaxSeqs
+                             : gdn_verify_head();
   if (!in_kernel ||
       !cuda::gdn_decode_norm_supported(sh.k_head_dim, sh.v_head_dim, state_code(options_.state_dtype))) {
     Ops::gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out);
