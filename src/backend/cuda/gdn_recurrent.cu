@@ -460,7 +460,6 @@ __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(kDecodeMaxK / 2 * kP
                                              norm);
 }
 
-
 // Decode steps (one token a sequence), with or without the gated norm: a CTA of kTokWarps warps a
 // (sequence, v-head), the head's state in registers. Warp w owns columns [16 w, 16 w + 16); lane l
 // holds the column pair 16 w + 2 (l % 8), + 1 and rows [32 (l / 8), + 32) of both, so a column's
@@ -477,7 +476,9 @@ __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(kDecodeMaxK / 2 * kP
 // (1,589 instructions a warp against 742: 6.09 us), 16 warps of 16 rows a lane (7.12 us), and a
 // cluster of 4 CTAs a head (5.78 us at C1 but C8 6.90 against 6.37 ms; at verify 8 10.9 us a
 // launch against 8.8 for the CTA pair, its tokens a chain of about 250 instructions a warp).
-constexpr int kTokWarps = 8;               // 2 CTAs an SM (127 registers with an fp16 state)
+// 2 CTAs an SM: 127 registers with an fp16 state (bf16 and fp32 states, and the forms of runtime
+// head dims, spill a few words).
+constexpr int kTokWarps = 8;
 constexpr int kTokRows = kDecodeMaxK / 4;  // rows a lane: 4 row groups a column pair
 
 // Two adjacent state elements: raw (as loaded, before pdl_wait) and as floats.
@@ -630,9 +631,6 @@ bool gdn_decode_token_supported(int dk, int dv) {
 
 namespace {
 bool g_gdn_pair = env_flag("DS_GDN_PAIR", true);
-}  // namespace
-
-namespace {
 bool g_gdn_token = env_flag("DS_GDN_TOKEN", true);
 }  // namespace
 
