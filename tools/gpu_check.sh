@@ -7,6 +7,8 @@
 #   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
 #           tools/gpu_check.sh --pack-alt REV  (optional, repeatable: builds commit REV apart, into
 #                                               .devbuild-alt/REV/)
+#           tools/gpu_check.sh --pack-stamps   (optional: deltaserve with the GEMV block stamps of
+#                                               gemv_stamps.cuh, as .devbuild/deltaserve-stamps)
 #           tools/gpu_check.sh --tar           (optional: both in .devpack.tar.xz, to carry instead)
 #   there:  tools/gpu_check.sh [tests|sweep]   (carry .devbuild [and .devbuild-alt]; default both)
 #     tests: the CUDA tests, the decode A/B of the switches and ncu breakdowns; sweep: the full
@@ -29,6 +31,17 @@ if [ "${1:-}" = "--pack-alt" ]; then
   rm -rf ".devbuild-alt/$rev" && mkdir -p ".devbuild-alt/$rev"
   cp "build-alt/$rev/build/tests/test_cuda_ops" "build-alt/$rev/build/deltaserve" ".devbuild-alt/$rev/"
   du -sh .devbuild-alt/*
+  exit 0
+fi
+
+if [ "${1:-}" = "--pack-stamps" ]; then
+  # deltaserve with the TMA GEMV's block stamps compiled in (src/backend/cuda/gemv_stamps.cuh), as
+  # .devbuild/deltaserve-stamps (after --pack): run it with DS_GEMV_STAMPS_OUT=FILE, then
+  # tools/gemv_stamps.py FILE. Built in build-stamps/.
+  set -e
+  cmake -S . -B build-stamps -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_FLAGS=-DDS_GEMV_STAMPS > /dev/null
+  cmake --build build-stamps -j"$(nproc)" --target deltaserve
+  mkdir -p .devbuild && cp build-stamps/deltaserve .devbuild/deltaserve-stamps
   exit 0
 fi
 

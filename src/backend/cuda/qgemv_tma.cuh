@@ -32,6 +32,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "backend/cuda/gemv_stamps.cuh"
 #include "backend/cuda/qgemv_kernel.cuh"
 
 namespace ds::cuda::qgemv {
@@ -429,6 +430,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   const int stage_bytes = SU * w.unit_bytes;
   __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + warps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  DS_STAMP_DECL
+  DS_STAMP_BEGIN(w.base, N, K);
   int c_begin, c_end;
   stage_split_range(K, c_begin, c_end);
   const int chunks = c_end - c_begin, n_stages = (chunks + SC - 1) / SC;
@@ -477,6 +480,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   __syncwarp();
   pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
   pdl_trigger();
+  DS_STAMP(3, threadIdx.x == 0);
 
   unsigned char* x8 = reinterpret_cast<unsigned char*>(x_smem);  // A8: int8 [T][x_stride], then
   float* xsc = reinterpret_cast<float*>(x8 + T * x_stride);        // the scales f32 [chunks][8]
@@ -497,6 +501,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   } else {
     request_rest();
   }
+  DS_STAMP(4, threadIdx.x == 0);
   // Input rows: tiles' lanes past T read the last token's row (their columns are never stored).
   const __nv_bfloat16* xs[NT];
 #pragma unroll
@@ -631,6 +636,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       }
       __syncwarp();  // every lane has read the slot before it is refilled
       if (lane == 0 && i + S < my_stages) request(i + S);
+      DS_STAMP(5, i == 0 && threadIdx.x == 0);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
     };
@@ -641,8 +647,10 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     }
     for (; i < my_stages; ++i) run_stage(i);
   }
+  DS_STAMP(6 + warp, lane == 0 && warp < 8);
   // out.norm: every one-tile launch (w4a16_gemv_norms_output, w4a16_gemv_scales_output).
   store_results<NT, NT == 1>(acc, out, partial, counters, T, N, blockIdx.x * warps + warp, lane);
+  DS_STAMP(14, threadIdx.x == 0);
 }
 
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static

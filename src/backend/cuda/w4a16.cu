@@ -19,6 +19,7 @@
 // once for all tokens, fed by the copy unit (qgemv_tma.cuh; 9 to 64 tokens with the inputs shared
 // by a block, qgemv_wide.cuh) or, with DS_W4A16_GEMV=regs, through registers (qgemv_kernel.cuh);
 // large T (prefill) dequantises to a bf16 matrix for cuBLAS.
+#define DS_GEMV_STAMPS_HERE  // gemv_stamps.cuh: the stamp ring is defined here
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
@@ -32,7 +33,45 @@
 #include "backend/cuda/qgemv_tma.cuh"
 #include "backend/cuda/qgemv_wide.cuh"
 
+#ifdef DS_GEMV_STAMPS
+#include <cstdio>
+#include <vector>
+#endif
+
 namespace ds::cuda {
+
+#ifdef DS_GEMV_STAMPS
+namespace {
+// The GEMV stamps (gemv_stamps.cuh) to $DS_GEMV_STAMPS_OUT: u64 count, then the ring.
+void write_gemv_stamps() {
+  const char* path = std::getenv("DS_GEMV_STAMPS_OUT");
+  if (!path) return;
+  unsigned long long n = 0;
+  std::vector<uint64_t> ring(size_t(stamps::kStampRecords) * stamps::kStampFields);
+  const bool read = cudaDeviceSynchronize() == cudaSuccess &&
+                    cudaMemcpyFromSymbol(&n, stamps::g_stamp_count, sizeof n) == cudaSuccess &&
+                    cudaMemcpyFromSymbol(ring.data(), stamps::g_stamps, ring.size() * sizeof(uint64_t)) == cudaSuccess;
+  if (!read) {
+    std::fprintf(stderr, "GEMV stamps: reading the ring failed\n");
+    return;
+  }
+  FILE* f = std::fopen(path, "wb");
+  if (!f) {
+    std::fprintf(stderr, "GEMV stamps: cannot write %s\n", path);
+    return;
+  }
+  std::fwrite(&n, sizeof n, 1, f);
+  std::fwrite(ring.data(), sizeof(uint64_t), ring.size(), f);
+  std::fclose(f);
+  std::fprintf(stderr, "GEMV stamps: %llu records to %s\n", n, path);
+}
+// Registered at the first launch, after the CUDA runtime's own exit handler, so it runs first.
+void arm_gemv_stamps() {
+  static const int registered = (std::atexit(write_gemv_stamps), 0);
+  (void)registered;
+}
+}  // namespace
+#endif
 
 namespace {
 
@@ -403,6 +442,9 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
     else launch_wide<8>(w, x, parts, partial, counters, splits, T, N, K, s);
     return;
   }
+#ifdef DS_GEMV_STAMPS
+  arm_gemv_stamps();
+#endif
   with_kernel(T, [&](auto k) {
     using Kn = decltype(k);
     if (w4a16_gemv_tma())
