@@ -11,15 +11,14 @@ $DS_GEMV_STAMPS_OUT file, per kind of launch (N, K, splits), medians over its la
              launch's last block done.
 Needs numpy (the device machine has it). Usage:
   gemv_stamps.py FILE [--blocks I] [--trim OUT.npy]
---blocks I prints every block of the step's launch I (in release order); --trim saves the step's
-records (u64 [n, 16]) for a look elsewhere."""
+--blocks I prints every block of launch I (the step's launches in release order); --trim saves the
+step's records (u64 [n, 16]) for a look elsewhere."""
 import sys
 from collections import defaultdict
 
 import numpy as np
 
-F = 16
-CAP = 1 << 19
+F = 16  # u64 fields a record (kStampFields)
 
 
 def load(path):
@@ -39,7 +38,7 @@ def launches(rec):
     by_w = defaultdict(list)
     for i, w in enumerate(rec[:, 0]):
         by_w[int(w)].append(i)
-    for w, idx in by_w.items():
+    for idx in by_w.values():
         idx = np.array(idx)
         t = rec[idx, 2].astype(np.int64)
         order = np.argsort(t)
@@ -48,7 +47,7 @@ def launches(rec):
         start = gaps[-1] + 1 if len(gaps) else 0
         out.append(rec[idx[start:]])
     out.sort(key=lambda r: int(r[:, 3].min()))
-    # Keep the launches of the last step: those within one step span of the last one's release.
+    # The last step's launches: a weight last used 20 ms before the last release is an older step's.
     last = int(out[-1][:, 3].min())
     return [r for r in out if last - int(r[:, 3].min()) < 20_000_000]
 
@@ -96,7 +95,7 @@ def main():
         med = {key: np.nanmedian([d[key] for d in ds]) for key in keys}
         print(f"{k:24s} {len(ds):3d} {ds[0]['blocks']:4d} " + " ".join(f"{med[key]:10.2f}" for key in keys))
     if "--blocks" in sys.argv:
-        # The blocks of the launch of index i (in step order): per SM, its blocks' stamps.
+        # Every block of launch i (the step's launches in release order), by start time.
         i = int(sys.argv[sys.argv.index("--blocks") + 1])
         k, d, r = per_launch[i]
         t = r.astype(np.int64)
