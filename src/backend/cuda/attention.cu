@@ -34,7 +34,8 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
   // 2026-12-01-s16-cuda-27b.md).
   const int t = blockIdx.x;
   const int s = seq_of_token[t];
-  const int64_t row = cache_row(block_tables + s * max_blocks, n_past[s] + (t - cu_seqlens[s]), block_shift_of(block_size));
+  const int64_t row =
+      cache_row(block_tables + s * max_blocks, n_past[s] + (t - cu_seqlens[s]), block_shift_of(block_size));
   pdl_wait();  // launch.cuh
   pdl_trigger();
   // vec: 16 bytes a thread, the keys' and values' loads all issued at once. (Element by element,
