@@ -46,7 +46,9 @@ struct GemvSettingsRestored {
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
   bool wide = cuda::w4a16_gemv_wide();
+  bool f16 = cuda::w4a16_gemv_f16();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_gemv_f16(f16);
     cuda::set_w4a16_gemv_wide(wide);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
@@ -205,17 +207,22 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
       // The TMA kernels with inputs in shared memory where they fit (the wide kernel from 9
-      // tokens), or through L1 (the one-tile kernel at every T); the register kernel.
-      for (int kernel : {0, 1, 2}) {
-        cuda::set_w4a16_gemv_tma(kernel < 2);
-        cuda::set_w4a16_gemv_x_smem(kernel == 0);
-        cuda::set_w4a16_gemv_wide(kernel == 0);
+      // tokens; fp16 inputs, or bf16 ones in 3), or through L1 (the one-tile kernel at every T);
+      // the register kernel.
+      for (int kernel : {0, 1, 2, 3}) {
+        cuda::set_w4a16_gemv_tma(kernel != 2);
+        cuda::set_w4a16_gemv_x_smem(kernel == 0 || kernel == 3);
+        cuda::set_w4a16_gemv_wide(kernel == 0 || kernel == 3);
+        cuda::set_w4a16_gemv_f16(kernel != 3);
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
                                  std::to_string(sh.group) + " T" + std::to_string(T) + (run.pdl ? " pdl" : "") +
                                  " per launch " + std::to_string(run.per_launch) +
-                                 (kernel == 0 ? " tma" : kernel == 1 ? " tma one-tile, x not in smem" : " regs");
+                                 (kernel == 0   ? " tma"
+                                  : kernel == 1 ? " tma one-tile, x not in smem"
+                                  : kernel == 2 ? " regs"
+                                                : " tma, bf16 inputs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
           gpu->linear_quantized(xg, c.gpu_w, og);
@@ -232,9 +239,11 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
 // blocks of 9 warps) at the 27B's widths: gate_up (34,816 x 5,120,
 // paired, swiglu out), a plain 30,000 x 2,560, K 640 ending on a short unit, a paired K 1,152 (4.5
 // units). W4A16MatchesCpu's unsplit shapes have K <= 256, one unit a row block; these stream 3 to
-// 20 through the narrow rings (3 stages of one unit at one token, 2 at more), and check that a
-// repeated launch gives the same bits.
+// 20 through the narrow rings (3 stages of one unit at one token, 2 at more), their inputs staged
+// as fp16 (at 1 and 3 tokens) or read through L1, and check that a repeated launch gives the same
+// bits.
 TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
+  const GemvSettingsRestored restore;
   struct Shape {
     int N, K;
     bool paired;
@@ -243,37 +252,40 @@ TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
                           Shape{26016, 1152, true}}) {
     const int N = sh.N, K = sh.K;
     W4Case c = make_w4(*gpu, rng, N, K, 128, sh.paired ? WeightRole::kGateUp : WeightRole::kLinear);
-    for (int T : {1, 3, 8}) {
-      const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T);
-      const std::vector<float> x = random_bf16(size_t(T) * K, rng);
-      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
-      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
-      const int out_cols = sh.paired ? N / 2 : N;
-      Tensor oc = cpu.scratch(DType::kF32, {T, out_cols}), og = gpu->scratch(DType::kBF16, {T, out_cols});
-      auto run_gpu = [&] {
+    for (int T : {1, 3, 8})
+      for (bool f16 : {true, false}) {  // inputs staged as fp16, or read through L1
+        cuda::set_w4a16_gemv_f16(f16);
+        const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T) +
+                                 (f16 ? " f16" : " bf16");
+        const std::vector<float> x = random_bf16(size_t(T) * K, rng);
+        Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+        Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+        const int out_cols = sh.paired ? N / 2 : N;
+        Tensor oc = cpu.scratch(DType::kF32, {T, out_cols}), og = gpu->scratch(DType::kBF16, {T, out_cols});
+        auto run_gpu = [&] {
+          if (sh.paired) {
+            Tensor gate = gpu->scratch(DType::kBF16, {T, out_cols}), up = gpu->scratch(DType::kBF16, {T, out_cols});
+            gpu->linear_swiglu(xg, c.gpu_w, gate, up, og);
+          } else {
+            gpu->linear_weight(xg, c.gpu_w, og);
+          }
+          return download(og);
+        };
         if (sh.paired) {
-          Tensor gate = gpu->scratch(DType::kBF16, {T, out_cols}), up = gpu->scratch(DType::kBF16, {T, out_cols});
-          gpu->linear_swiglu(xg, c.gpu_w, gate, up, og);
+          LinearWeight w_cpu;
+          w_cpu.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+          Tensor gc = cpu.scratch(DType::kF32, {T, out_cols}), uc = cpu.scratch(DType::kF32, {T, out_cols});
+          cpu.linear_swiglu(xc, w_cpu, gc, uc, oc);
         } else {
-          gpu->linear_weight(xg, c.gpu_w, og);
+          cpu.linear(xc, cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32), oc);
         }
-        return download(og);
-      };
-      if (sh.paired) {
-        LinearWeight w_cpu;
-        w_cpu.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
-        Tensor gc = cpu.scratch(DType::kF32, {T, out_cols}), uc = cpu.scratch(DType::kF32, {T, out_cols});
-        cpu.linear_swiglu(xc, w_cpu, gc, uc, oc);
-      } else {
-        cpu.linear(xc, cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32), oc);
+        const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+        const std::vector<float> got = run_gpu();
+        EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
+        EXPECT_EQ(run_gpu(), got) << what << " repeated";
+        gpu->reset_scratch();
+        cpu.reset_scratch();
       }
-      const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      const std::vector<float> got = run_gpu();
-      EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
-      EXPECT_EQ(run_gpu(), got) << what << " repeated";
-      gpu->reset_scratch();
-      cpu.reset_scratch();
-    }
   }
 }
 

@@ -91,6 +91,10 @@ int smem_per_sm() {
   static const int n = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   return n;
 }
+int smem_per_block_optin() {
+  static const int n = current_device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  return n;
+}
 bool attention_decode_tc() { return g_attention_decode_tc; }
 void set_attention_decode_tc(bool on) { g_attention_decode_tc = on; }
 bool attention_decode_warps() { return g_attention_decode_warps; }

@@ -151,6 +151,8 @@ void set_pdl_enabled(bool on);
 // asked once.
 int sm_count();
 int smem_per_sm();
+// The shared memory one block may opt in to (bytes, static and dynamic together).
+int smem_per_block_optin();
 // Diagnostics: kernels whose launch name (launch_kernel's first argument) is listed in env
 // DS_SKIP_KERNELS (separated by ',' or '+', the latter for tools/gpu_ab.sh settings, whose
 // variables are ','-separated) are not launched, so a benchmark of steps without them tells
@@ -171,6 +173,12 @@ void set_w4a16_gemv_tma(bool on);
 // (qgemv_tma.cuh). env DS_W4A16_X_SMEM = 1 (default) | 0; tests may switch it.
 bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
+// Whether the TMA kernel's one-tile launches of at most 4 tokens that stage their inputs take them
+// as fp16 x / 16 and their codes as fp16 (qgemv_tma.cuh, F16: two instructions a code word fewer;
+// the sums are the same), unsplit ones then staging their inputs too. env DS_W4A16_F16 = 1
+// (default) | 0; tests may switch it.
+bool w4a16_gemv_f16();
+void set_w4a16_gemv_f16(bool on);
 // Whether launches of 9 to 64 tokens take the TMA kernel whose blocks share their inputs
 // (qgemv_wide.cuh) rather than the one-tile kernel. env DS_W4A16_WIDE = 1 (default) | 0; tests
 // may switch it.

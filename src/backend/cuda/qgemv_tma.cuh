@@ -3,7 +3,7 @@
 // of shared-memory stages instead of registers.
 //
 // Each warp streams its own 16-row block (a thread block holds 8 of them, or tma_narrow_warps when
-// K is not split and the inputs are read through L1): in the tiled layout (w4a16.cu) a block's
+// K is not split and the inputs are read through L1, or staged with F16): in the tiled layout (w4a16.cu) a block's
 // units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token tile,
 // else 1, and 1 in the blocks of unsplit launches: kNarrowStages) is one bulk copy completing on
 // the stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units (the
@@ -19,6 +19,10 @@
 // and may gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the
 // separate kernels do, so the model's gated linears need no kernel of their own); otherwise each
 // lane reads them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
+//
+// F16 (one token tile, inputs staged in shared memory, w4a16_gemv_f16): the inputs are staged as
+// fp16 x / 16 and the codes reach the tensor cores as fp16 16 q (codes_to_f16), two instructions a
+// 32-bit word fewer than the bf16 form; the sums are the same q . x.
 //
 // W4A8 (A8, one token tile): int8 inputs, each token's 64-column chunk with its own scale (max |x|
 // / 127, round to nearest even: ops/act_int8.h is the CPU twin), and the int4 codes made int8 (16
@@ -168,10 +172,49 @@ __device__ __forceinline__ void chunk_codes(const uint4* chunks, const float2* s
   }
 }
 
+// F16: a word's codes (nibbles n = q + 8; A register r from bits 4r .. 4r + 3 and 16 + 4r ..) as
+// the mma A registers of fp16 16 q, exact. Registers 0 and 2 (the nibbles at bits 0-3 and 16-19 of
+// the word, then of the word shifted by 8) are put into the mantissa of fp16 1024 (1024 + n), then
+// 16 (1024 + n) - 16,512; registers 1 and 3 (bits 4-7 and 20-23) come into it as 16 n (fp16's 10
+// mantissa bits hold them; bf16's 7 do not, which is why the bf16 form shifts the word for each of
+// registers 1-3), then - 1,152. Nine instructions a word against eleven.
+__device__ __forceinline__ uint32_t f16x2_fma(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+__device__ __forceinline__ uint32_t f16x2_sub(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ void codes_to_f16(uint32_t w, uint32_t (&a)[4]) {
+  constexpr uint32_t k1024 = 0x64006400u, k16 = 0x4C004C00u, kMinus16512 = 0xF408F408u, k1152 = 0x64806480u;
+  const uint32_t w8 = w >> 8;
+  a[0] = f16x2_fma(and_or<0x000F000Fu>(w, k1024), k16, kMinus16512);
+  a[1] = f16x2_sub(and_or<0x00F000F0u>(w, k1024), k1152);
+  a[2] = f16x2_fma(and_or<0x000F000Fu>(w8, k1024), k16, kMinus16512);
+  a[3] = f16x2_sub(and_or<0x00F000F0u>(w8, k1024), k1152);
+}
+// F16: 8 bf16 inputs as fp16 x / 16 (exact for |x| from 2^-10 to 2^20: bf16's 8 significant bits
+// fit fp16's 11; larger ones saturate to fp16's largest, smaller ones round to its subnormal steps,
+// 2^-20 of x).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2_16th(uint32_t v) {
+  const float lo = __uint_as_float(v << 16) * 0.0625f, hi = __uint_as_float(v & 0xFFFF0000u) * 0.0625f;
+  uint32_t r;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ uint4 bf16x8_to_f16x8_16th(uint4 v) {
+  return make_uint4(bf16x2_to_f16x2_16th(v.x), bf16x2_to_f16x2_16th(v.y), bf16x2_to_f16x2_16th(v.z),
+                    bf16x2_to_f16x2_16th(v.w));
+}
+
 // acc += V chunks of a stage (from chunk u0; chunks: the stage's u32 [kUnitChunks][32][4], scales:
 // its slots f32 [slots][8][2]), their k-steps interleaved so the V accumulator chains of the tensor
-// cores overlap. xv: their inputs (load_inputs); soff[u]: chunk u's scales, in float2 of `scales`.
-template <int NT, int V>
+// cores overlap. xv: their inputs (load_inputs; F16: fp16 x / 16); soff[u]: chunk u's scales, in
+// float2 of `scales`.
+template <int NT, int V, bool F16 = false>
 __device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* scales, int u0, int lane,
                                              const uint4 (&xv)[V][NT][2], const int (&soff)[kUnitChunks],
                                              float (&acc)[NT][4]) {
@@ -185,11 +228,18 @@ __device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* 
     for (int v = 0; v < V; ++v) {
       uint32_t a[4];
       const uint32_t word = word_of(wv[v], j);
+      if constexpr (F16) {
+        codes_to_f16(word, a);
+      } else {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) a[r] = nibbles_to_bf16x2(word >> (4 * r));
+        for (int r = 0; r < 4; ++r) a[r] = nibbles_to_bf16x2(word >> (4 * r));
+      }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-        mma_bf16(p[v][nt], a, word_of(xv[v][nt][j / 2], 2 * (j % 2)), word_of(xv[v][nt][j / 2], 2 * (j % 2) + 1));
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint32_t b0 = word_of(xv[v][nt][j / 2], 2 * (j % 2)), b1 = word_of(xv[v][nt][j / 2], 2 * (j % 2) + 1);
+        if constexpr (F16) mma_f16(p[v][nt], a, b0, b1);
+        else mma_bf16(p[v][nt], a, b0, b1);
+      }
     }
 #pragma unroll
   for (int v = 0; v < V; ++v)
@@ -288,37 +338,64 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
 // gates gained nothing.
 // Async: the first first_chunks (> 0) chunks of every token are copied as a group of their own,
 // then the rest, and only the first group is waited for here (the kernel's threads then arrive on
-// its x_rest mbarrier once the rest has landed).
-template <GemvGate G, bool Async, class AfterLoads>
+// its x_rest mbarrier once the rest has landed; with F16 each thread first makes its own pieces of
+// the rest fp16 in place, convert_staged_rest).
+// F16: staged as fp16 x / 16 (bf16x8_to_f16x8_16th).
+//
+// The async form's pieces [e0, e1) of every token's row (16-byte pieces of its staged columns) that
+// this thread copies: f(t, col), piece i = t * w + e advanced by the block's size without a division.
+template <class F>
+__device__ __forceinline__ void for_thread_pieces(int T, int e0, int e1, F f) {
+  const int w = e1 - e0, n = T * w, step = blockDim.x;
+  if (n <= 0) return;
+  const int dt = step / w, de = step % w;
+  int t = threadIdx.x / w, e = threadIdx.x % w;
+  for (int i = threadIdx.x; i < n; i += step) {
+    f(t, 8 * (e0 + e));
+    t += dt;
+    e += de;
+    if (e >= w) e -= w, ++t;
+  }
+}
+// The async form's first group: its pieces of every token's row.
+__device__ __forceinline__ int staged_first_pieces(int c_begin, int c_end, int first_chunks) {
+  return min(first_chunks, c_end - c_begin) * kChunk / 8;
+}
+// F16: this thread's pieces of the async form's second group made fp16 x / 16 in place, once landed.
+__device__ __forceinline__ void convert_staged_rest(__nv_bfloat16* x_smem, int x_stride, int T, int c_begin,
+                                                    int c_end, int first_chunks) {
+  cp_async_wait<0>();
+  for_thread_pieces(T, staged_first_pieces(c_begin, c_end, first_chunks), (c_end - c_begin) * kChunk / 8,
+                    [&](int t, int col) {
+                      uint4* p = reinterpret_cast<uint4*>(x_smem + t * x_stride + col);
+                      *p = bf16x8_to_f16x8_16th(*p);
+                    });
+}
+template <GemvGate G, bool Async, bool F16, class AfterLoads>
 __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                                              __nv_bfloat16* x_smem, int x_stride, int T, int K, int c_begin,
                                              int c_end, int first_chunks, AfterLoads after_loads) {
   const int row = (c_end - c_begin) * kChunk / 8;  // 16-byte pieces of a token's row
   const int total = T * row;
   if constexpr (Async && G == GemvGate::kNone) {
-    // Pieces [e0, e1) of every token's row, piece i = t * w + e advanced by the block's size
-    // without a division; one group.
-    auto copy_cols = [&](int e0, int e1) {
-      const int w = e1 - e0, n = T * w, step = blockDim.x;
-      if (n > 0) {
-        const int dt = step / w, de = step % w;
-        int t = threadIdx.x / w, e = threadIdx.x % w;
-        for (int i = threadIdx.x; i < n; i += step) {
-          const int col = 8 * (e0 + e);
-          cp_async16(x_smem + t * x_stride + col, x + int64_t(t) * K + int64_t(c_begin) * kChunk + col);
-          t += dt;
-          e += de;
-          if (e >= w) e -= w, ++t;
-        }
-      }
+    auto copy_cols = [&](int e0, int e1) {  // one group
+      for_thread_pieces(T, e0, e1, [&](int t, int col) {
+        cp_async16(x_smem + t * x_stride + col, x + int64_t(t) * K + int64_t(c_begin) * kChunk + col);
+      });
       cp_async_commit();
     };
     // The second group is empty when the first holds all the block's chunks.
-    const int first = min(first_chunks, c_end - c_begin) * kChunk / 8;
+    const int first = staged_first_pieces(c_begin, c_end, first_chunks);
     copy_cols(0, first);
     copy_cols(first, row);
     after_loads();
     cp_async_wait<1>();
+    if constexpr (F16) {
+      for_thread_pieces(T, 0, first, [&](int t, int col) {
+        uint4* p = reinterpret_cast<uint4*>(x_smem + t * x_stride + col);
+        *p = bf16x8_to_f16x8_16th(*p);
+      });
+    }
   } else {
     bool asked = false;
     for (int i = threadIdx.x; i < total; i += blockDim.x) {
@@ -331,6 +408,7 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
         asked = true;
       }
       if constexpr (G != GemvGate::kNone) v = gate8<G>(v, vb);
+      if constexpr (F16) v = bf16x8_to_f16x8_16th(v);
       *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) = v;
     }
     if (!asked) after_loads();
@@ -410,9 +488,10 @@ __device__ __forceinline__ void stage_twin(const int8_t* __restrict__ xq, const 
 // A8: int8 inputs, kA8Staged (in shared memory: rounded by stage_inputs8, or with xq set copied
 // from a producer's twin by stage_twin; x_stride is then tma_x8_stride, in bytes) or kA8Twin (a
 // producer's twin read through L1: xq i8 [T, K], xq_scale f32 [T, K / 64], GemvInt8In).
+// F16: the inputs staged as fp16 x / 16 and the codes made fp16 (codes_to_f16).
 constexpr int kA8Staged = 1, kA8Twin = 2;
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0, bool F16 = false>
 __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
@@ -421,6 +500,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   static_assert(A8 != kA8Staged || (XSmem && NT == 1 && !XAhead), "int8 inputs are staged, one token tile");
   static_assert(A8 != kA8Twin || (!XSmem && NT == 1 && G == GemvGate::kNone), "a twin is read through L1");
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
+  static_assert(!F16 || (XSmem && NT == 1 && A8 == 0), "fp16 inputs are staged, one token tile");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -495,9 +575,9 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       for (int i = early; i < ring; ++i) request(i);
   };
   if constexpr (A8 == 0 && XSmem) {
-    stage_inputs<G, SU == 1>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, SC, request_rest);
+    stage_inputs<G, SU == 1, F16>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, SC, request_rest);
     __syncthreads();  // also orders x_rest's init before the arrivals
-    if constexpr (kSplitStaging) cp_async_mbar_arrive(&x_rest);
+    if constexpr (kSplitStaging && !F16) cp_async_mbar_arrive(&x_rest);
   } else {
     request_rest();
   }
@@ -609,8 +689,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
           mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
           for (int u0 = 0; u0 < kUnitChunks; u0 += V)
-            stage_chunks<NT, V>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
-                                reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
+            stage_chunks<NT, V, F16>(unit_chunks(slot, 0), unit_scales(slot, 0), u0, lane,
+                                     reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), soff, acc);
         } else {
           mbar_wait(&my_full[slot], (i / S) & 1);
 #pragma unroll
@@ -619,7 +699,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
             for (int u0 = 0; u0 < kUnitChunks; u0 += V) {
               uint4 xv[V][NT][2];
               load_inputs<NT, V, XSmem>(xs, su * kUnitChunks + u0, xv);
-              stage_chunks<NT, V>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, soff, acc);
+              stage_chunks<NT, V, F16>(unit_chunks(slot, su), unit_scales(slot, su), u0, lane, xv, soff, acc);
             }
         }
       } else {  // a warp's last stage, at the end of K: last_chunks < SC
@@ -630,8 +710,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
           if (q < n) {
             uint4 xv[1][NT][2];
             load_inputs<NT, 1, XSmem>(xs, q, xv);
-            stage_chunks<NT, 1>(unit_chunks(slot, q / kUnitChunks), unit_scales(slot, q / kUnitChunks),
-                                q % kUnitChunks, lane, xv, soff, acc);
+            stage_chunks<NT, 1, F16>(unit_chunks(slot, q / kUnitChunks), unit_scales(slot, q / kUnitChunks),
+                                     q % kUnitChunks, lane, xv, soff, acc);
           }
       }
       __syncwarp();  // every lane has read the slot before it is refilled
@@ -643,6 +723,10 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     int i = 0;
     if constexpr (kSplitStaging) {  // stage 0 reads only the first group of the inputs
       if (my_stages > 0) run_stage(i++);
+      if constexpr (F16) {
+        convert_staged_rest(x_smem, x_stride, T, c_begin, c_end, SC);
+        mbar_arrive(&x_rest);
+      }
       mbar_wait(&x_rest, 0);
     }
     for (; i < my_stages; ++i) run_stage(i);
@@ -656,11 +740,11 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0, bool F16 = false>
 int tma_kernel_ready() {
   static const int sms = [] {
     raise_dynamic_smem_limit(
-        reinterpret_cast<const void*>(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S, MaxThreads, A8>));
+        reinterpret_cast<const void*>(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S, MaxThreads, A8, F16>));
     return sm_count();
   }();
   return sms;
@@ -768,11 +852,20 @@ void launch_tma_twin(const W4Tiled& w, const GemvInt8In& a8, const OutParts& out
   narrow(std::integral_constant<int, kNarrowStages>{});
 }
 
+// The shared memory of an unsplit launch's narrow blocks of `warps` warps with their inputs staged
+// (F16): their rings of kNarrowStages one-unit stages, then T rows of the inputs.
+inline size_t tma_narrow_x_smem_bytes(int T, int K, int unit_bytes, int warps) {
+  return tma_ring_bytes_of(kNarrowStages, 1, unit_bytes, warps) + tma_x_rows_bytes(T, K, 1);
+}
+
 // XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.
+// f16 (one token tile, with x_smem_allowed): the launches that stage their inputs take them as fp16
+// (F16), and so do unsplit ones, whose narrow blocks then stage them too where they fit beside
+// their rings in one block's shared memory.
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
-                bool x_smem_allowed, cudaStream_t s) {
+                bool x_smem_allowed, bool f16, cudaStream_t s) {
   if constexpr (NT == 1) {
     const XSmemForm form =
         x_smem_allowed ? tma_x_smem_form(NT, T, K, splits, w.unit_bytes, gate != GemvGate::kNone) : XSmemForm::kNone;
@@ -780,21 +873,46 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
       const size_t smem = tma_x_smem_bytes(form, T, K, splits, w.unit_bytes);
       const int stride = tma_x_stride(K, splits);
-      auto go = [&](auto g) {
+      auto go = [&](auto g, auto f) {
         constexpr GemvGate G = decltype(g)::value;
+        constexpr bool F = decltype(f)::value;
+        constexpr int Threads = kWarps * 32;
         if (form == XSmemForm::kTwoUnitStages) {
-          tma_kernel_ready<NT, MinBlocks, XAhead, true, G>();
-          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G>, grid, block, smem, s, w, x,
-                        xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
+          constexpr int SU = stage_units(NT), S = stages_for(NT);
+          tma_kernel_ready<NT, MinBlocks, XAhead, true, G, SU, S, Threads, 0, F>();
+          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, SU, S, Threads, 0, F>, grid,
+                        block, smem, s, w, x, xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
         } else {
-          tma_kernel_ready<NT, MinBlocks, XAhead, true, G, 1, kOneUnitXSmemStages>();
-          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, 1, kOneUnitXSmemStages>, grid,
+          constexpr int S = kOneUnitXSmemStages;
+          tma_kernel_ready<NT, MinBlocks, XAhead, true, G, 1, S, Threads, 0, F>();
+          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, 1, S, Threads, 0, F>, grid,
                         block, smem, s, w, x, xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
         }
       };
-      if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{});
-      else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{});
-      else go(std::integral_constant<GemvGate, GemvGate::kNone>{});
+      auto gated = [&](auto f) {
+        if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{}, f);
+        else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{}, f);
+        else go(std::integral_constant<GemvGate, GemvGate::kNone>{}, f);
+      };
+      if (f16) gated(std::true_type{});
+      else gated(std::false_type{});
+      return;
+    }
+    const int warps = tma_narrow_warps(T);
+    // (The kernel's static shared memory is a few bytes: 1 KiB is kept for it.)
+    if (splits == 1 && x_smem_allowed && f16 && gate == GemvGate::kNone &&
+        tma_narrow_x_smem_bytes(T, K, w.unit_bytes, warps) + 1024 <= size_t(smem_per_block_optin())) {
+      // The narrow blocks of an unsplit launch, their inputs staged (as the split launches' beside
+      // one-unit rings: two groups) rather than read through L1 a stage ahead.
+      constexpr int MaxThreads = kNarrowMaxWarps * 32;
+      constexpr GemvGate G = GemvGate::kNone;
+      const dim3 grid((N + 16 * warps - 1) / (16 * warps));
+      const size_t smem = tma_narrow_x_smem_bytes(T, K, w.unit_bytes, warps);
+      constexpr int S = kNarrowStages;
+      tma_kernel_ready<NT, 1, false, true, G, 1, S, MaxThreads, 0, true>();
+      launch_kernel_carveout("qgemv_tma", qgemv_tma_kernel<NT, 1, false, true, G, 1, S, MaxThreads, 0, true>, grid,
+                             dim3(32 * warps), smem, kOneTokenCarveout, s, w, x, xb, out, partial, counters, T, N, K,
+                             tma_x_stride(K, 1), nullptr, nullptr);
       return;
     }
   }

@@ -66,11 +66,6 @@ inline size_t wide_smem_bytes(int T, int unit_bytes) {
   return mbar_array_bytes(2 * kWideStages) + 1024 + kWideStages * wide_stage_bytes(T, unit_bytes);
 }
 
-// mbarrier arrival without transaction bytes.
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-
 // Box copies of a tensor map (cp.async.bulk.tensor) into shared memory, completed on bar.
 __device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
   asm volatile(

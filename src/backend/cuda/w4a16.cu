@@ -226,6 +226,7 @@ namespace {
 int g_tma = -1;
 
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
+bool g_f16 = env_flag("DS_W4A16_F16", true);
 bool g_wide = env_flag("DS_W4A16_WIDE", true);
 
 // -1: the default of w4a16_gemv_tokens.
@@ -233,6 +234,14 @@ int g_tokens = [] {
   const char* env = std::getenv("DS_W4A16_GEMV_MAX_TOKENS");
   return env ? std::clamp(std::atoi(env), 0, kW4A16GemvMaxTokens) : -1;
 }();
+
+// Launches of at most this many tokens take fp16 inputs where g_f16 allows (w4a16_gemv_f16). At 8,
+// the split launches' staged inputs made fp16 in place (a pass, and a block-wide wait after stage
+// 0) cost what the codes save: verify 8 at 4k 6.277-6.326 ms against 6.240-6.253 with bf16, and
+// 6.261-6.275 against 6.258-6.271 with 4 as the bound, which gains at 2 and 4 tokens (verify 2
+// 5.389-5.419 against 5.485-5.521, verify 4 5.679-5.715 against 5.717-5.722; H200,
+// docs/perf/2026-12-04-s45-cuda-27b.md).
+constexpr int kF16MaxTokens = 4;
 
 // Whether T tokens of one launch take the wide kernel (qgemv_wide.cuh): 9 or more (at 2-8 tokens it
 // was slower than the one-tile kernel: C8 9.68 against 8.82 ms on the H200).
@@ -359,6 +368,8 @@ bool w4a16_gemv_tma() {
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
 bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
+bool w4a16_gemv_f16() { return g_f16; }
+void set_w4a16_gemv_f16(bool on) { g_f16 = on; }
 bool w4a16_gemv_wide() { return g_wide; }
 void set_w4a16_gemv_wide(bool on) { g_wide = on; }
 
@@ -449,7 +460,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
     using Kn = decltype(k);
     if (w4a16_gemv_tma())
       qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, xb, gate, parts, partial, counters, splits, T,
-                                                                 N, K, g_x_smem, s);
+                                                                 N, K, g_x_smem, g_f16 && T <= kF16MaxTokens, s);
     else
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
   });
