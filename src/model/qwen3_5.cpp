@@ -44,6 +44,11 @@ Int8Twin Qwen35Model::int8_twin(int64_t T, bool wanted) {
   return {ops_.scratch(DType::kI8, {T, H}), ops_.scratch(DType::kF32, {T, H / 64})};
 }
 
+Tensor Qwen35Model::half_copy(int64_t T) {
+  const int64_t H = cfg_.hidden_size;
+  return ops_.makes_half_copy(T, H) ? ops_.scratch(DType::kF16, {T, H}) : Tensor{};
+}
+
 CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_slots) const {
   CacheGeometry g;
   g.n_kv_layers = cfg_.n_full_attention_layers() + (has_mtp() ? 1 : 0);
@@ -96,7 +101,7 @@ void Qwen35Model::gdn_block(const LayerWeights& L, const NormedAct& in, Tensor x
   ops_.gdn_gates_delta_rule_norm(qkv, a, b, w.a_log, w.dt_bias, shape, L.cache_index, z, w.norm, cfg_.rms_norm_eps,
                                  cfg_.output_gate_sigmoid, normed);
   ops_.linear_add_rms_norm(normed, nullptr, GateAct::kSiluMul, w.out_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out,
-                           next.twin);
+                           next.twin, next.half);
 }
 
 // Gated full attention on in (act [T, H]); its o_proj is added to x.
@@ -121,7 +126,7 @@ void Qwen35Model::attention_block(const LayerWeights& L, const NormedAct& in, Te
                  attn_output);
   // o_proj(attn * sigmoid(gate))
   ops_.linear_add_rms_norm(attn_output, &gate, GateAct::kMulSigmoid, w.o_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
-                           out, next.twin);
+                           out, next.twin, next.half);
 }
 
 // The SiLU-gated MLP on in (the post-attention norm, act [T, H]); its down_proj is added to x.
@@ -135,13 +140,13 @@ void Qwen35Model::mlp_block(const LayerWeights& L, const NormedAct& in, Tensor x
     Tensor gated = act({T, I});
     ops_.linear_swiglu(in.h, m.gate_up.groups[0].w, gate, up, gated, in.scale);
     ops_.linear_add_rms_norm(gated, nullptr, GateAct::kSiluMul, m.down_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
-                             out, next.twin);
+                             out, next.twin, next.half);
     return;
   }
   linear(in, m.gate_up, {gate, up});
   // down_proj(silu(gate) * up)
   ops_.linear_add_rms_norm(gate, &up, GateAct::kSiluMul, m.down_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out,
-                           next.twin);
+                           next.twin, next.half);
 }
 
 // Pre-norm residual block: in is the layer's input norm of the residual stream x act [T, H]; the
@@ -154,7 +159,7 @@ void Qwen35Model::decoder_layer(const LayerWeights& L, const NormedAct& in, Tens
   const size_t mark = ops_.scratch_mark();
   NormedAct mid{act({T, H}), {}};  // the post-attention norm
   const NextNorm post{L.post_attn_norm, ops_.scratch(DType::kF32, {ops_.norm_parts(H), T}),
-                      int8_twin(T, reads_int8(L.mlp.gate_up))};
+                      int8_twin(T, reads_int8(L.mlp.gate_up)), half_copy(T)};
   if (L.type == LayerType::kLinearAttention) gdn_block(L, in, x, post, mid);
   else attention_block(L, in, x, post, mid);
   mlp_block(L, mid, x, next, out);
@@ -187,8 +192,9 @@ Tensor Qwen35Model::forward(const StepPlan& plan, Tensor* hidden_out) {
     for (size_t i = 0; i < n; ++i) {
       const bool last = i + 1 == n;
       const bool twin = !last && reads_int8(mixer_in(w_.layers[i + 1]));
+      // No fp16 copy (half_copy): only the post-attention norm's, for gate_up, is read.
       const NextNorm next{last ? w_.final_norm : w_.layers[i + 1].input_norm, last ? Tensor{} : sums[(i + 1) % 2],
-                          twin ? twins[(i + 1) % 2] : Int8Twin{}};
+                          twin ? twins[(i + 1) % 2] : Int8Twin{}, Tensor{}};
       decoder_layer(w_.layers[i], normed[i % 2], x, next, normed[(i + 1) % 2]);
     }
     Tensor hn = normed[n % 2].h;  // the final norm: never left to the linears (NextNorm)
@@ -217,7 +223,7 @@ Tensor Qwen35Model::forward_mtp(const StepPlan& plan, Tensor hidden_prev, Tensor
   NormedAct in{act({T, H}), {}};
   ops_.rms_norm(x, m.layer.input_norm, cfg_.rms_norm_eps, in.h);
   NormedAct out{act({T, H}), {}};  // the MTP's final norm: its output hidden
-  decoder_layer(m.layer, in, x, NextNorm{m.norm, Tensor{}, Int8Twin{}}, out);
+  decoder_layer(m.layer, in, x, NextNorm{m.norm, Tensor{}, Int8Twin{}, Tensor{}}, out);
   Tensor mtp_hidden = out.h;
   if (hidden_out) *hidden_out = mtp_hidden;
   return logits_of(mtp_hidden, plan.n_out());

@@ -139,6 +139,7 @@ class Qwen35Model {
     Tensor w;
     Tensor ss;
     Int8Twin twin;  // buffers for the norm's int8 twin (int8_twin), or empty
+    Tensor half;    // a buffer for its fp16 copy (half_copy), or empty
   };
   // Each block reads the normed input `in`, adds its output to the residual stream x act [T, H]
   // and writes `out` = the next norm of x (out.h act [T, H] given).
@@ -151,6 +152,9 @@ class Qwen35Model {
   // Scratch for the int8 twin of a pre-norm of T rows (Ops::linear_add_rms_norm) where `wanted`
   // (the linears after it read int8 inputs) and the backend makes twins; else empty.
   Int8Twin int8_twin(int64_t T, bool wanted);
+  // Scratch for the fp16 copy of a pre-norm of T rows (RowScale::half) where the backend makes them;
+  // else empty.
+  Tensor half_copy(int64_t T);
   // outs[i] act [T, rows[i]] = in act [T, K] . (part i of w)^T; one Ops::linear_parts per group.
   void linear(const NormedAct& in, const FusedLinear& w, std::initializer_list<Tensor> outs);
 

@@ -79,7 +79,8 @@ void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up,
 }
 
 void Ops::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
-                              Tensor norm_w, float eps, Tensor /*ss*/, NormedAct& out, Int8Twin /*twin*/) {
+                              Tensor norm_w, float eps, Tensor /*ss*/, NormedAct& out, Int8Twin /*twin*/,
+                              Tensor /*half*/) {
   const int64_t T = x.dim(0), D = x.dim(1);
   DS_ASSERT(rows_of(w) == D && out.h.numel() == T * D, "linear_add_rms_norm: %lld rows for x%s, out%s",
             static_cast<long long>(rows_of(w)), x.shape_str().c_str(), out.h.shape_str().c_str());

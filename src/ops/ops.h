@@ -72,6 +72,10 @@ struct RowScale {
   Tensor ss;  // f32 [P, T]: the sums of x^2 over P parts of each row
   float eps = 0.f;
   Int8Twin twin;  // empty where none was made
+  // f16 [T, D]: a backend's fp16 copy of h / 16 for the linears after it that take fp16 inputs
+  // (CUDA's W4A16 GEMV, launchers.h w4a16_gemv_f16), made by the op that writes h; empty where
+  // none was made.
+  Tensor half;
   bool empty() const { return ss.data == nullptr; }
 };
 struct NormedAct {
@@ -207,11 +211,15 @@ class Ops {
   // read out (out.scale = {ss, eps}; CUDA at decode, where the GEMV's epilogue writes the sums:
   // CudaOps); the default runs the three ops and leaves out.scale empty. twin: buffers (where
   // makes_int8_twin) the backend fills with out.h's int8 twin when it defers the norm
-  // (out.scale.twin then names them).
+  // (out.scale.twin then names them); half: likewise f16 [T, D] (where makes_half_copy) for out.h's
+  // fp16 copy / 16 (out.scale.half).
   virtual void linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
-                                   Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin = {});
+                                   Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin = {},
+                                   Tensor half = {});
   // Whether linear_add_rms_norm of T rows of width D can make an int8 twin (Int8Twin).
   virtual bool makes_int8_twin(int64_t T, int64_t D) const { return false; }
+  // Whether linear_add_rms_norm of T rows of width D can make an fp16 copy (RowScale::half).
+  virtual bool makes_half_copy(int64_t T, int64_t D) const { return false; }
   // out act [T, I] = silu(gate) * up; gate, up act [T, I]
   virtual void silu_mul(Tensor gate, Tensor up, Tensor out) = 0;
   // out act [n_out, H] = x[plan.logit_rows]; x act [T, H]

@@ -94,7 +94,7 @@ TEST_P(LinearParts, ScaledPartsAreTheLinearOfTheNormedInput) {
     }
     for (int64_t k = 0; k < kK; ++k) normed[t * kK + k] = float(xv[t * kK + k] / std::sqrt(total / kK + kEps));
   }
-  const RowScale scale{ops.upload(ss.data(), DType::kF32, {P, T}, DType::kF32), kEps, {}};
+  const RowScale scale{ops.upload(ss.data(), DType::kF32, {P, T}, DType::kF32), kEps, {}, {}};
   std::vector<Tensor> outs;
   for (int64_t n : kWidths) outs.push_back(ops.scratch(DType::kF32, {T, n}));
   ops.linear_parts(x, fused, outs, false, scale);

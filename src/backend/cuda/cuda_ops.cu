@@ -474,7 +474,7 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   if (tiled && w.paired && w4a16_takes_gemv(T)) {
     linear_w4a16_paired_rows(B(x), T, K, w, o.ptr[0], o.ptr[1], false, scale);
   } else if (tiled) {
-    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin);
+    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin, scale.half);
   } else {
     expect_bf16(w.dense, "linear_parts weight");
     cuda::launch_small_gemv(B(x), B(w.dense), o, T, static_cast<int>(w.dense.dim(0)), K, impl_->stream,
@@ -520,7 +520,7 @@ void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor
       (scale.empty() || cuda::w4a16_gemv_scales_output(T))) {
     cuda::GemvOut o = cuda::GemvOut::swiglu_of(B(out), N);
     o.norm = norm_scale_of(scale, K);
-    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin);
+    linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin, scale.half);
     return;
   }
   linear_w4a16_paired_rows(B(x), T, K, w, B(out), nullptr, true, scale);
@@ -532,14 +532,14 @@ void CudaOps::linear_w4a16_paired_rows(const void* x, int T, int K, const Linear
   Tensor rows = scratch(DType::kBF16, {T, w.rows});  // bf16 [T, N] in the paired row order
   cuda::GemvOut o = cuda::GemvOut::whole(B(rows), static_cast<int>(w.rows));
   o.norm = norm_scale_of(scale, K);
-  linear_w4a16(x, T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin);
+  linear_w4a16(x, T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin, scale.half);
   cuda::launch_paired_rows(B(rows), static_cast<bf16*>(a), static_cast<bf16*>(b), T, static_cast<int>(w.rows / 2),
                            swiglu, impl_->stream);
   scratch_release(mark);
 }
 
 void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out,
-                           const void* xb, cuda::GemvGate gate, const Int8Twin& twin) {
+                           const void* xb, cuda::GemvGate gate, const Int8Twin& twin, const Tensor& half) {
   const auto* x = static_cast<const bf16*>(x_bf16);
   const int N = static_cast<int>(w.rows);
   DS_ASSERT(w.packed.dim(1) == cuda::w4a16_tiled_block_words(K, w.group_size), "W4A16 shapes: K %d, tiled%s", K,
@@ -571,8 +571,15 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
       } else if (w.act_int8) {
         a8.on = cuda::w4a16_gemv_takes_a8(n, N, K, w.group_size, gate != cuda::GemvGate::kNone);
       }
+      // F16: the producer's fp16 copy of the whole input where there is one.
+      const __half* x_f16 = nullptr;
+      if (half.data && n == T && gate == cuda::GemvGate::kNone && !a8.on && cuda::w4a16_gemv_takes_f16(n)) {
+        DS_ASSERT(half.dtype == DType::kF16 && half.numel() == int64_t(T) * K, "an fp16 copy %s for x [%d, %d]",
+                  half.shape_str().c_str(), T, K);
+        x_f16 = static_cast<const __half*>(half.data);
+      }
       cuda::launch_w4a16_gemv(x + int64_t(t0) * K, tiled, o, partial, impl_->gemv_counters, splits, n, N, K,
-                              w.group_size, impl_->stream, xb_t, gate, a8);
+                              w.group_size, impl_->stream, xb_t, gate, a8, x_f16);
     }
   } else {
     // Blocks of rows (a fused gate_up of the 27B is 357 MB dequantised) to bf16 for cuBLAS; each
@@ -663,8 +670,12 @@ bool CudaOps::makes_int8_twin(int64_t T, int64_t D) const {
   return defer_norms() && T >= 1 && T <= 8 && T <= cuda::w4a16_gemv_tokens() && D % 64 == 0 && cuda::w4a16_gemv_tma();
 }
 
+bool CudaOps::makes_half_copy(int64_t T, int64_t D) const {
+  return defer_norms() && cuda::w4a16_gemv_takes_f16(static_cast<int>(T)) && D % 4 == 0;
+}
+
 void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
-                                  Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin) {
+                                  Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin, Tensor half) {
   const int T = static_cast<int>(x.dim(0)), D = static_cast<int>(x.dim(1)), K = static_cast<int>(a.dim(1));
   const bool fused = defer_norms() && ss.data && norm_parts(D) <= cuda::kGemvNormMaxParts && w.quantized() &&
                      w.format == WeightFormat::kW4A16Tiled && !w.paired && w.rows == D && w4a16_takes_gemv(T) &&
@@ -674,6 +685,9 @@ void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const 
     return;
   }
   if (!makes_int8_twin(T, D)) twin = {};
+  if (!makes_half_copy(T, D)) half = {};
+  DS_ASSERT(!half.data || (half.dtype == DType::kF16 && half.numel() == int64_t(T) * D),
+            "linear_add_rms_norm: an fp16 copy %s for out [%d, %d]", half.shape_str().c_str(), T, D);
   DS_ASSERT(twin.empty() || (twin.q.dtype == DType::kI8 && twin.q.numel() == int64_t(T) * D &&
                              twin.scale.dtype == DType::kF32 && twin.scale.numel() == int64_t(T) * (D / 64)),
             "linear_add_rms_norm: an int8 twin %s / %s for out [%d, %d]", twin.q.shape_str().c_str(),
@@ -707,8 +721,9 @@ void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const 
     o.norm.q8 = static_cast<int8_t*>(twin.q.data);
     o.norm.q8_scale = F(twin.scale);
   }
+  if (half.data) o.norm.f16 = static_cast<__half*>(half.data);
   linear_w4a16(B(in), T, K, w, o, xb, gate);
-  out.scale = {ss, eps, twin};
+  out.scale = {ss, eps, twin, half};
 }
 
 void CudaOps::silu_mul(Tensor gate, Tensor up, Tensor out) {

@@ -80,8 +80,9 @@ class CudaOps final : public Ops {
   // and each tile's sums of squares, and leaves the division by the RMS to the linears after it
   // (out.scale), so no norm kernel runs between them. env DS_DEFER_NORM = 1 (default) | 0.
   void linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x, Tensor norm_w,
-                           float eps, Tensor ss, NormedAct& out, Int8Twin twin = {}) override;
+                           float eps, Tensor ss, NormedAct& out, Int8Twin twin = {}, Tensor half = {}) override;
   bool makes_int8_twin(int64_t T, int64_t D) const override;
+  bool makes_half_copy(int64_t T, int64_t D) const override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
   void gather_rows(Tensor x, Tensor out) override;
   void conv1d_silu(Tensor mixed, Tensor w, int state_layer, Tensor out) override;
@@ -138,8 +139,9 @@ class CudaOps final : public Ops {
   // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone. out.norm: a
   // producer's (cuda::w4a16_gemv_norms_output), or a consumer's scale, applied by scale_rows after
   // the GEMV where its epilogue cannot (never with a swiglu output).
+  // twin, half: a producer's copies of x (RowScale).
   void linear_w4a16(const void* x, int T, int K, const LinearWeight& w, const cuda::GemvOut& out, const void* xb,
-                    cuda::GemvGate gate, const Int8Twin& twin = {});
+                    cuda::GemvGate gate, const Int8Twin& twin = {}, const Tensor& half = {});
   // A paired weight's GEMV (T within w4a16_gemv_step_tokens) into scratch rows in its paired order,
   // then launch_paired_rows: a, b bf16 [T, N/2] = gate, up, or with swiglu a = silu(gate) * up.
   void linear_w4a16_paired_rows(const void* x, int T, int K, const LinearWeight& w, void* a, void* b, bool swiglu,

@@ -86,7 +86,7 @@ constexpr int kGemvSwigluMaxTokens = 8;
 // kGemvNormMaxParts): each output of token t is multiplied by 1 / sqrt(S * inv_d + eps), S the
 // sum of ss[0, t] .. ss[parts - 1, t] (OutParts::row_scale's order). A producer with q8 set (W4A8,
 // N % 64 == 0, T <= 8) also writes the int8 twin of its part (GemvInt8In's layout) into q8 and
-// q8_scale.
+// q8_scale; with f16 set, its fp16 copy / 16 (f16 [T, N], the inputs of the GEMV's F16 form).
 constexpr int kGemvTileRows = 128;
 constexpr int kGemvNormMaxParts = 64;  // a consumer's parts: D up to 8192
 struct GemvNorm {
@@ -97,6 +97,7 @@ struct GemvNorm {
   int parts = 0;
   int8_t* q8 = nullptr;
   float* q8_scale = nullptr;
+  __half* f16 = nullptr;
 };
 // A W4A16 GEMV's inputs as int8 (W4A8): on, the launch rounds them as it stages them (ops/act_int8.h
 // rounding), or, with q set, it reads a twin a producer made: q i8 [T, K], each 4 columns stored in
@@ -179,6 +180,8 @@ void set_w4a16_gemv_x_smem(bool on);
 // (default) | 0; tests may switch it.
 bool w4a16_gemv_f16();
 void set_w4a16_gemv_f16(bool on);
+// Whether launches of T tokens take the F16 form (w4a16_gemv_f16, the TMA kernel, inputs staged).
+bool w4a16_gemv_takes_f16(int T);
 // Whether launches of 9 to 64 tokens take the TMA kernel whose blocks share their inputs
 // (qgemv_wide.cuh) rather than the one-tile kernel. env DS_W4A16_WIDE = 1 (default) | 0; tests
 // may switch it.
@@ -248,9 +251,11 @@ bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated, bool twin =
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
 // With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input. a8 on (where
 // w4a16_gemv_takes_a8): int8 inputs for int8 tensor cores, rounded in the launch or read from a8.q.
+// x_f16 (optional, where w4a16_gemv_takes_f16(T)): a producer's fp16 copy of x / 16 (GemvNorm::f16),
+// which an unsplit launch reads instead of staging x.
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
-                       GemvGate gate = GemvGate::kNone, GemvInt8In a8 = {});
+                       GemvGate gate = GemvGate::kNone, GemvInt8In a8 = {}, const __half* x_f16 = nullptr);
 // w bf16 [N, K] = dequantised tiled W (the cuBLAS path of large T). paired (N % 16 == 0): the
 // rows of a paired weight's blocks as the two halves, w [0, N/2) and [N/2, N).
 void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int group, bool paired, cudaStream_t s);

@@ -196,15 +196,7 @@ __device__ __forceinline__ void codes_to_f16(uint32_t w, uint32_t (&a)[4]) {
   a[2] = f16x2_fma(and_or<0x000F000Fu>(w8, k1024), k16, kMinus16512);
   a[3] = f16x2_sub(and_or<0x00F000F0u>(w8, k1024), k1152);
 }
-// F16: 8 bf16 inputs as fp16 x / 16 (exact for |x| from 2^-10 to 2^20: bf16's 8 significant bits
-// fit fp16's 11; larger ones saturate to fp16's largest, smaller ones round to its subnormal steps,
-// 2^-20 of x).
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2_16th(uint32_t v) {
-  const float lo = __uint_as_float(v << 16) * 0.0625f, hi = __uint_as_float(v & 0xFFFF0000u) * 0.0625f;
-  uint32_t r;
-  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
+// F16: 8 bf16 inputs as fp16 x / 16 (bf16x2_to_f16x2_16th).
 __device__ __forceinline__ uint4 bf16x8_to_f16x8_16th(uint4 v) {
   return make_uint4(bf16x2_to_f16x2_16th(v.x), bf16x2_to_f16x2_16th(v.y), bf16x2_to_f16x2_16th(v.z),
                     bf16x2_to_f16x2_16th(v.w));
@@ -488,7 +480,8 @@ __device__ __forceinline__ void stage_twin(const int8_t* __restrict__ xq, const 
 // A8: int8 inputs, kA8Staged (in shared memory: rounded by stage_inputs8, or with xq set copied
 // from a producer's twin by stage_twin; x_stride is then tma_x8_stride, in bytes) or kA8Twin (a
 // producer's twin read through L1: xq i8 [T, K], xq_scale f32 [T, K / 64], GemvInt8In).
-// F16: the inputs staged as fp16 x / 16 and the codes made fp16 (codes_to_f16).
+// F16: the inputs as fp16 x / 16 (staged so, or without XSmem a producer's copy: x then holds fp16)
+// and the codes made fp16 (codes_to_f16).
 constexpr int kA8Staged = 1, kA8Twin = 2;
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
           int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0, bool F16 = false>
@@ -500,7 +493,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   static_assert(A8 != kA8Staged || (XSmem && NT == 1 && !XAhead), "int8 inputs are staged, one token tile");
   static_assert(A8 != kA8Twin || (!XSmem && NT == 1 && G == GemvGate::kNone), "a twin is read through L1");
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
-  static_assert(!F16 || (XSmem && NT == 1 && A8 == 0), "fp16 inputs are staged, one token tile");
+  static_assert(!F16 || (NT == 1 && A8 == 0), "fp16 inputs at one token tile");
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -860,12 +853,13 @@ inline size_t tma_narrow_x_smem_bytes(int T, int K, int unit_bytes, int warps) {
 
 // XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.
 // f16 (one token tile, with x_smem_allowed): the launches that stage their inputs take them as fp16
-// (F16), and so do unsplit ones, whose narrow blocks then stage them too where they fit beside
-// their rings in one block's shared memory.
+// (F16), and so do unsplit ones: their narrow blocks read a producer's fp16 copy of x / 16 (x_f16,
+// optional) through L1 a stage ahead, or else stage x where it fits beside their rings in one
+// block's shared memory.
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
-                bool x_smem_allowed, bool f16, cudaStream_t s) {
+                bool x_smem_allowed, bool f16, const __half* x_f16, cudaStream_t s) {
   if constexpr (NT == 1) {
     const XSmemForm form =
         x_smem_allowed ? tma_x_smem_form(NT, T, K, splits, w.unit_bytes, gate != GemvGate::kNone) : XSmemForm::kNone;
@@ -899,6 +893,18 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       return;
     }
     const int warps = tma_narrow_warps(T);
+    if (splits == 1 && f16 && x_f16 && gate == GemvGate::kNone) {
+      constexpr int MaxThreads = kNarrowMaxWarps * 32, S = kNarrowStages;
+      constexpr GemvGate G = GemvGate::kNone;
+      const dim3 grid((N + 16 * warps - 1) / (16 * warps));
+      const size_t smem = tma_ring_bytes_of(S, 1, w.unit_bytes, warps);
+      const int carveout = T == 1 ? kOneTokenCarveout : narrow_carveout(grid.x, smem);
+      tma_kernel_ready<NT, 1, true, false, G, 1, S, MaxThreads, 0, true>();
+      launch_kernel_carveout("qgemv_tma", qgemv_tma_kernel<NT, 1, true, false, G, 1, S, MaxThreads, 0, true>, grid,
+                             dim3(32 * warps), smem, carveout, s, w, reinterpret_cast<const __nv_bfloat16*>(x_f16),
+                             xb, out, partial, counters, T, N, K, 0, nullptr, nullptr);
+      return;
+    }
     // (The kernel's static shared memory is a few bytes: 1 KiB is kept for it.)
     if (splits == 1 && x_smem_allowed && f16 && gate == GemvGate::kNone &&
         tma_narrow_x_smem_bytes(T, K, w.unit_bytes, warps) + 1024 <= size_t(smem_per_block_optin())) {

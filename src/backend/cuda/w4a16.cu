@@ -370,6 +370,9 @@ bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
 bool w4a16_gemv_f16() { return g_f16; }
 void set_w4a16_gemv_f16(bool on) { g_f16 = on; }
+bool w4a16_gemv_takes_f16(int T) {
+  return T >= 1 && T <= kF16MaxTokens && T <= w4a16_gemv_tokens() && g_f16 && g_x_smem && w4a16_gemv_tma();
+}
 bool w4a16_gemv_wide() { return g_wide; }
 void set_w4a16_gemv_wide(bool on) { g_wide = on; }
 
@@ -419,7 +422,7 @@ bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated, bool twin) 
 
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate,
-                       GemvInt8In a8) {
+                       GemvInt8In a8, const __half* x_f16) {
   if (T == 0) return;
   DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
             group);
@@ -437,6 +440,8 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   DS_ASSERT(!a8.on || w4a16_gemv_takes_a8(T, N, K, group, gate != GemvGate::kNone, a8.q != nullptr),
             "W4A16 GEMV: int8 inputs at T %d, N %d, K %d", T, N, K);
   DS_ASSERT(!a8.q || (gate == GemvGate::kNone && aligned16(a8.q)), "W4A16 GEMV: an int8 twin is the whole input");
+  DS_ASSERT(!x_f16 || (gate == GemvGate::kNone && aligned16(x_f16) && w4a16_gemv_takes_f16(T)),
+            "W4A16 GEMV: an fp16 copy of the whole input, at %d tokens", T);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
   if (a8.on) {
@@ -460,7 +465,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
     using Kn = decltype(k);
     if (w4a16_gemv_tma())
       qgemv::launch_tma<Kn::NT, Kn::TmaMinBlocks, Kn::TmaXAhead>(w, x, xb, gate, parts, partial, counters, splits, T,
-                                                                 N, K, g_x_smem, g_f16 && T <= kF16MaxTokens, s);
+                                                                 N, K, g_x_smem, w4a16_gemv_takes_f16(T), x_f16, s);
     else
       qgemv::launch<W4Tiled, Kn::NT, Kn::U>(w, x, parts, partial, counters, splits, T, N, K, s);
   });
