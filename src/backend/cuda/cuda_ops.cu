@@ -573,7 +573,7 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
       }
       // F16: the producer's fp16 copy of the whole input where there is one.
       const __half* x_f16 = nullptr;
-      if (half.data && n == T && gate == cuda::GemvGate::kNone && !a8.on && cuda::w4a16_gemv_takes_f16(n)) {
+      if (half.data && n == T && gate == cuda::GemvGate::kNone && !a8.on && cuda::w4a16_gemv_reads_f16_copy(n)) {
         DS_ASSERT(half.dtype == DType::kF16 && half.numel() == int64_t(T) * K, "an fp16 copy %s for x [%d, %d]",
                   half.shape_str().c_str(), T, K);
         x_f16 = static_cast<const __half*>(half.data);
@@ -671,7 +671,7 @@ bool CudaOps::makes_int8_twin(int64_t T, int64_t D) const {
 }
 
 bool CudaOps::makes_half_copy(int64_t T, int64_t D) const {
-  return defer_norms() && cuda::w4a16_gemv_takes_f16(static_cast<int>(T)) && D % 4 == 0;
+  return defer_norms() && cuda::w4a16_gemv_reads_f16_copy(static_cast<int>(T)) && D % 4 == 0;
 }
 
 void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,

@@ -182,6 +182,9 @@ bool w4a16_gemv_f16();
 void set_w4a16_gemv_f16(bool on);
 // Whether launches of T tokens take the F16 form (w4a16_gemv_f16, the TMA kernel, inputs staged).
 bool w4a16_gemv_takes_f16(int T);
+// Whether unsplit launches of T tokens read a producer's fp16 copy of their inputs (x_f16 of
+// launch_w4a16_gemv) where there is one: 1-8 tokens, as w4a16_gemv_f16 allows (no conversion).
+bool w4a16_gemv_reads_f16_copy(int T);
 // Whether launches of 9 to 64 tokens take the TMA kernel whose blocks share their inputs
 // (qgemv_wide.cuh) rather than the one-tile kernel. env DS_W4A16_WIDE = 1 (default) | 0; tests
 // may switch it.
@@ -251,8 +254,8 @@ bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated, bool twin =
 // x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
 // With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input. a8 on (where
 // w4a16_gemv_takes_a8): int8 inputs for int8 tensor cores, rounded in the launch or read from a8.q.
-// x_f16 (optional, where w4a16_gemv_takes_f16(T)): a producer's fp16 copy of x / 16 (GemvNorm::f16),
-// which an unsplit launch reads instead of staging x.
+// x_f16 (optional, where w4a16_gemv_reads_f16_copy(T)): a producer's fp16 copy of x / 16
+// (GemvNorm::f16), which an unsplit launch reads instead of x.
 void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out, float* partial, int* counters,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb = nullptr,
                        GemvGate gate = GemvGate::kNone, GemvInt8In a8 = {}, const __half* x_f16 = nullptr);

@@ -853,9 +853,9 @@ inline size_t tma_narrow_x_smem_bytes(int T, int K, int unit_bytes, int warps) {
 
 // XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.
 // f16 (one token tile, with x_smem_allowed): the launches that stage their inputs take them as fp16
-// (F16), and so do unsplit ones: their narrow blocks read a producer's fp16 copy of x / 16 (x_f16,
-// optional) through L1 a stage ahead, or else stage x where it fits beside their rings in one
-// block's shared memory.
+// (F16), and so do unsplit ones, whose narrow blocks stage x where it fits beside their rings in
+// one block's shared memory. x_f16 (optional, one token tile): a producer's fp16 copy of x / 16,
+// which unsplit launches read through L1 a stage ahead (F16, at any count of tokens).
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
@@ -893,7 +893,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       return;
     }
     const int warps = tma_narrow_warps(T);
-    if (splits == 1 && f16 && x_f16 && gate == GemvGate::kNone) {
+    if (splits == 1 && x_f16 && gate == GemvGate::kNone) {
       constexpr int MaxThreads = kNarrowMaxWarps * 32, S = kNarrowStages;
       constexpr GemvGate G = GemvGate::kNone;
       const dim3 grid((N + 16 * warps - 1) / (16 * warps));

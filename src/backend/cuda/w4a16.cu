@@ -373,6 +373,11 @@ void set_w4a16_gemv_f16(bool on) { g_f16 = on; }
 bool w4a16_gemv_takes_f16(int T) {
   return T >= 1 && T <= kF16MaxTokens && T <= w4a16_gemv_tokens() && g_f16 && g_x_smem && w4a16_gemv_tma();
 }
+// At 8 tokens too: verify 8 at 4k 6.187-6.208 ms against 6.237-6.251 with copies at 1-4 tokens only,
+// gate_up 30.60 against 31.97 us a launch (H200, docs/perf/2026-12-04-s45-cuda-27b.md).
+bool w4a16_gemv_reads_f16_copy(int T) {
+  return T >= 1 && T <= 8 && T <= w4a16_gemv_tokens() && g_f16 && g_x_smem && w4a16_gemv_tma();
+}
 bool w4a16_gemv_wide() { return g_wide; }
 void set_w4a16_gemv_wide(bool on) { g_wide = on; }
 
@@ -440,7 +445,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   DS_ASSERT(!a8.on || w4a16_gemv_takes_a8(T, N, K, group, gate != GemvGate::kNone, a8.q != nullptr),
             "W4A16 GEMV: int8 inputs at T %d, N %d, K %d", T, N, K);
   DS_ASSERT(!a8.q || (gate == GemvGate::kNone && aligned16(a8.q)), "W4A16 GEMV: an int8 twin is the whole input");
-  DS_ASSERT(!x_f16 || (gate == GemvGate::kNone && aligned16(x_f16) && w4a16_gemv_takes_f16(T)),
+  DS_ASSERT(!x_f16 || (gate == GemvGate::kNone && aligned16(x_f16) && w4a16_gemv_reads_f16_copy(T)),
             "W4A16 GEMV: an fp16 copy of the whole input, at %d tokens", T);
   const OutParts parts = out_parts(out, N);
   const W4Tiled w = tiled_weight(tiled, K, group);
