@@ -176,8 +176,9 @@ bool w4a16_gemv_x_smem();
 void set_w4a16_gemv_x_smem(bool on);
 // Whether the TMA kernel's one-tile launches of at most 4 tokens that stage their inputs take them
 // as fp16 x / 16 and their codes as fp16 (qgemv_tma.cuh, F16: two instructions a code word fewer;
-// the sums are the same), unsplit ones then staging their inputs too. env DS_W4A16_F16 = 1
-// (default) | 0; tests may switch it.
+// the sums are the same), unsplit ones then staging their inputs too, or at 1-8 tokens reading a
+// producer's fp16 copy (w4a16_gemv_reads_f16_copy). env DS_W4A16_F16 = 1 (default) | 0; tests may
+// switch it.
 bool w4a16_gemv_f16();
 void set_w4a16_gemv_f16(bool on);
 // Whether launches of T tokens take the F16 form (w4a16_gemv_f16, the TMA kernel, inputs staged).

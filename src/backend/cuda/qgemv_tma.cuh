@@ -3,10 +3,10 @@
 // of shared-memory stages instead of registers.
 //
 // Each warp streams its own 16-row block (a thread block holds 8 of them, or tma_narrow_warps when
-// K is not split and the inputs are read through L1, or staged with F16): in the tiled layout (w4a16.cu) a block's
-// units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one token tile,
-// else 1, and 1 in the blocks of unsplit launches: kNarrowStages) is one bulk copy completing on
-// the stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units (the
+// K is not split: its inputs read through L1, or staged with F16): in the tiled layout (w4a16.cu)
+// a block's units are contiguous, each its scales and 4 chunks, so a stage (SU units: 2 at one
+// token tile, else 1, and 1 in the blocks of unsplit launches: kNarrowStages) is one bulk copy
+// completing on the stage's mbarrier. Lane 0 keeps the warp's ring of stages in flight, the first 2 units (the
 // blocks of unsplit launches: all) requested before pdl_wait (no kernel writes weights) while the
 // previous kernel runs, and refills a slot as soon as the warp has read it. (A ninth warp issuing
 // every copy, so row warps never wait for the copy unit to take one, was slower at one token tile:
@@ -20,9 +20,11 @@
 // separate kernels do, so the model's gated linears need no kernel of their own); otherwise each
 // lane reads them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
 //
-// F16 (one token tile, inputs staged in shared memory, w4a16_gemv_f16): the inputs are staged as
-// fp16 x / 16 and the codes reach the tensor cores as fp16 16 q (codes_to_f16), two instructions a
-// 32-bit word fewer than the bf16 form; the sums are the same q . x.
+// F16 (one token tile, w4a16_gemv_f16): the inputs are fp16 x / 16, staged so in shared memory (by
+// every launch of 1-4 tokens that stages its inputs, then unsplit ones too) or read through L1 from
+// a producer's copy (unsplit launches of 1-8 tokens given one: gate_up), and the codes reach the
+// tensor cores as fp16 16 q (codes_to_f16), two instructions a 32-bit word fewer than the bf16
+// form; the sums are the same q . x.
 //
 // W4A8 (A8, one token tile): int8 inputs, each token's 64-column chunk with its own scale (max |x|
 // / 127, round to nearest even: ops/act_int8.h is the CPU twin), and the int4 codes made int8 (16
