@@ -355,15 +355,19 @@ __device__ __forceinline__ void for_thread_pieces(int T, int e0, int e1, F f) {
 __device__ __forceinline__ int staged_first_pieces(int c_begin, int c_end, int first_chunks) {
   return min(first_chunks, c_end - c_begin) * kChunk / 8;
 }
-// F16: this thread's pieces of the async form's second group made fp16 x / 16 in place, once landed.
+// F16: this thread's pieces [e0, e1) of the async form (landed) made fp16 x / 16 in place.
+__device__ __forceinline__ void convert_staged(__nv_bfloat16* x_smem, int x_stride, int T, int e0, int e1) {
+  for_thread_pieces(T, e0, e1, [&](int t, int col) {
+    uint4* p = reinterpret_cast<uint4*>(x_smem + t * x_stride + col);
+    *p = bf16x8_to_f16x8_16th(*p);
+  });
+}
+// F16: this thread's pieces of the async form's second group, once landed, made fp16 in place.
 __device__ __forceinline__ void convert_staged_rest(__nv_bfloat16* x_smem, int x_stride, int T, int c_begin,
                                                     int c_end, int first_chunks) {
   cp_async_wait<0>();
-  for_thread_pieces(T, staged_first_pieces(c_begin, c_end, first_chunks), (c_end - c_begin) * kChunk / 8,
-                    [&](int t, int col) {
-                      uint4* p = reinterpret_cast<uint4*>(x_smem + t * x_stride + col);
-                      *p = bf16x8_to_f16x8_16th(*p);
-                    });
+  convert_staged(x_smem, x_stride, T, staged_first_pieces(c_begin, c_end, first_chunks),
+                 (c_end - c_begin) * kChunk / 8);
 }
 template <GemvGate G, bool Async, bool F16, class AfterLoads>
 __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
@@ -384,12 +388,7 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
     copy_cols(first, row);
     after_loads();
     cp_async_wait<1>();
-    if constexpr (F16) {
-      for_thread_pieces(T, 0, first, [&](int t, int col) {
-        uint4* p = reinterpret_cast<uint4*>(x_smem + t * x_stride + col);
-        *p = bf16x8_to_f16x8_16th(*p);
-      });
-    }
+    if constexpr (F16) convert_staged(x_smem, x_stride, T, 0, first);
   } else {
     bool asked = false;
     for (int i = threadIdx.x; i < total; i += blockDim.x) {

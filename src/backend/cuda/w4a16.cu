@@ -370,14 +370,12 @@ bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
 bool w4a16_gemv_f16() { return g_f16; }
 void set_w4a16_gemv_f16(bool on) { g_f16 = on; }
-bool w4a16_gemv_takes_f16(int T) {
-  return T >= 1 && T <= kF16MaxTokens && T <= w4a16_gemv_tokens() && g_f16 && g_x_smem && w4a16_gemv_tma();
-}
 // At 5-8 tokens too: verify 8 at 4k 6.187-6.208 ms against 6.237-6.251 with copies at 1-4 tokens
 // only, gate_up 30.60 against 31.97 us a launch (H200, docs/perf/2026-12-04-s45-cuda-27b.md).
 bool w4a16_gemv_reads_f16_copy(int T) {
   return T >= 1 && T <= 8 && T <= w4a16_gemv_tokens() && g_f16 && g_x_smem && w4a16_gemv_tma();
 }
+bool w4a16_gemv_takes_f16(int T) { return T <= kF16MaxTokens && w4a16_gemv_reads_f16_copy(T); }
 bool w4a16_gemv_wide() { return g_wide; }
 void set_w4a16_gemv_wide(bool on) { g_wide = on; }
 
