@@ -261,11 +261,18 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   // with the pairs off the kernel of a CTA a head in 4 parts (as where they do not fit).
   // With the one-token kernel on (the default) the decode steps take it; off, the kernel of a CTA a
   // head or its 32-column tiles, as described below.
+  // With the tensor-core verify kernel on (the default), the verify steps of dk = dv = 128 and an
+  // fp16 state take it instead (every sequence of up to 16 tokens); it runs with the others' forms
+  // of the decode steps between.
   const bool pair_before = cuda::gdn_decode_pair(), token_before = cuda::gdn_decode_token();
+  const bool mma_before = cuda::gdn_verify_mma();
+  for (bool mma : {true, false})
   for (bool token : {true, false})
   for (bool pair : {true, false})
   for (auto [Hk, Hv, dk, dv] : std::vector<std::array<int, 4>>{{2, 6, 16, 24}, {1, 3, 48, 80}, {1, 2, 128, 128}})
   for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
+    if (mma && !cuda::gdn_verify_mma_supported(dk, dv, sd == StateDType::kF16 ? 1 : 0)) continue;  // as with it off
+    cuda::set_gdn_verify_mma(mma);
     cuda::set_gdn_decode_pair(pair);
     cuda::set_gdn_decode_token(token);
     const int C = 2 * Hk * dk + Hv * dv;
@@ -309,7 +316,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
       const double tol = sd == StateDType::kF32 ? 1e-2 : sd == StateDType::kF16 ? 1.5e-2 : 3e-2;
       const std::string what = "dk" + std::to_string(dk) + "_dv" + std::to_string(dv) + "_state" +
                                std::to_string(static_cast<int>(sd)) + "_step" + std::to_string(step) +
-                               (pair ? "_pair" : "") + (token ? "_token" : "");
+                               (pair ? "_pair" : "") + (token ? "_token" : "") + (mma ? "_mma" : "");
       if (normed) {
         auto z = both(random_bf16(T * Hv * dv, rng), {T, Hv * dv});
         auto normed_out = outputs({T, Hv * dv});
@@ -341,6 +348,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   }
   cuda::set_gdn_decode_pair(pair_before);
   cuda::set_gdn_decode_token(token_before);
+  cuda::set_gdn_verify_mma(mma_before);
 }
 
 // Paged GQA attention on prefill and decode steps, decode chunks through the split-KV kernel

@@ -855,9 +855,9 @@ void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a
   // 2026-12-04-s43-cuda-27b.md) C32 14.26-14.28 against 14.39-14.42 ms, C64 22.90 against
   // 23.01-23.07, fewer sequences unchanged.
   constexpr int kGdnNormMaxSeqs = 16;
-  const bool in_kernel = max_chunk_ == 1
-                             ? gdn_head_parts(sh) == cuda::kGdnOneToken || plan_.n_seqs() <= kGdnNormMaxSeqs
-                             : gdn_verify_head();
+  const int head_parts = gdn_head_parts(sh);
+  const bool in_kernel = max_chunk_ == 1 ? head_parts == cuda::kGdnOneToken || plan_.n_seqs() <= kGdnNormMaxSeqs
+                                         : head_parts == cuda::kGdnVerifyMma || gdn_verify_head();
   if (!in_kernel ||
       !cuda::gdn_decode_norm_supported(sh.k_head_dim, sh.v_head_dim, state_code(options_.state_dtype))) {
     Ops::gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out);
@@ -910,9 +910,18 @@ int CudaOps::gdn_head_parts(const GdnShape& sh) const {
   // 6.396-6.437 against 6.460-6.482 ms, verify 4 5.900-5.922 against 5.913-5.921, but verify 2
   // 5.662-5.673 against 5.643-5.662; at decode steps even at one sequence (C1 5.289-5.293 against
   // 5.274-5.293) and slower at two, whose pairs take two waves (C2 5.84 against 5.56).
+  // Verify steps whose heads the tensor-core kernel takes (dk = dv = 128, an fp16 state) take it
+  // (cuda::kGdnVerifyMma): a step's tokens at once, no barrier a token. H200, 27B shape at 4k,
+  // three rounds against DS_GDN_MMA=0 (docs/perf/2026-12-04-s46-cuda-27b.md): the kernel 6.54
+  // against 8.85 us a launch in place at verify 8 (the CTA pair); verify 8 6.047-6.067 against
+  // 6.190-6.199 ms, verify 16 9.508-9.517 against 9.813-9.835, verify 4 5.579-5.609 against
+  // 5.649-5.658, verify 2 even (5.323-5.337 against 5.312-5.333).
   constexpr int kGdnPairMinTokens = 4;
   if (max_chunk_ == 1 && cuda::gdn_decode_token() && cuda::gdn_decode_token_supported(sh.k_head_dim, sh.v_head_dim))
     return cuda::kGdnOneToken;
+  if (max_chunk_ > 1 && max_chunk_ <= cuda::kGdnDecodeMaxTokens && cuda::gdn_verify_mma() &&
+      cuda::gdn_verify_mma_supported(sh.k_head_dim, sh.v_head_dim, state_code(options_.state_dtype)))
+    return cuda::kGdnVerifyMma;
   if (max_chunk_ >= kGdnPairMinTokens && gdn_verify_head() &&
       cuda::gdn_decode_pair_fits(plan_.n_seqs(), sh.n_v_heads))
     return cuda::kGdnHeadPair;

@@ -1,6 +1,8 @@
 // Gated delta rule, token by token (the columns of S are independent given k, q, g and beta).
 // Decode steps with the gates' a and b (the model's): a CTA a head, the state in registers and no
-// barrier a token (gdn_decode_token_kernel). Other decode-sized chunks: the state lives in
+// barrier a token (gdn_decode_token_kernel). Verify steps of the model's heads (128 x 128, an
+// fp16 state): a CTA a head takes the step's tokens at once, in closed form on tensor cores
+// (gdn_verify_mma_kernel). Other decode-sized chunks: the state lives in
 // registers across 8 warps (gdn_decode_kernel; a warp per 4 columns summing with shuffles, no
 // block barrier a token, measured slower on the H200: docs/perf/2026-11-29-s6-cuda-27b.md), or
 // at 8 or more sequences across the two halves of a CTA per head, the head's state moved by bulk
@@ -621,6 +623,313 @@ __global__ void __launch_bounds__(kTokWarps * 32, 2) gdn_decode_token_kernel(
   }
 }
 
+// Verify steps (2 to kGdnDecodeMaxTokens tokens a sequence) of heads of 128 x 128 with an fp16
+// state, the gates as a and b: the rule over a sequence's T tokens in closed form from the state
+// S0 before the step, on tensor cores, with no barrier a token. With G_t = g_0 + .. + g_t (the
+// log-decays) and k, q normalised (q scaled by dk^-1/2):
+//   delta_t = beta_t (v_t - e^G_t S0^T k_t - sum_{j<t} e^(G_t - G_j) (k_t . k_j) delta_j)
+//   o_t     = e^G_t S0^T q_t + sum_{j<=t} e^(G_t - G_j) (q_t . k_j) delta_j
+//   S_T     = e^G_{T-1} S0 + sum_j k_j (e^(G_{T-1} - G_j) delta_j)^T
+// A CTA of 8 warps a (sequence, v-head). Warp w owns v-columns [16 w, + 16): it holds them over
+// all 128 rows as S^T's mma accumulator tiles [16 columns, 8 rows], loaded from shared memory by
+// ldmatrix.trans as fp16 pairs, which are also the B fragments of S. Then:
+//   1. S0^T k_t and S0^T q_t of every token: [k; q] (tokens x 128, fp16) times S0, 16 mma a warp
+//      (32 at more than 8 tokens), each column's sum over the rows inside its warp;
+//   2. the Gram products k_t . k_j and q_t . k_j, a tile a warp (warps 0-3), into the coefficient
+//      matrices above (shared memory; one barrier);
+//   3. delta and o by forward substitution in each warp's accumulator layout (a token a row): one
+//      round of shuffles a token, no barrier;
+//   4. the gated norm (one barrier: each token's sum of squares over the head);
+//   5. S_T = e^G S0^T + E^T K on tensor cores, E the scaled deltas turned into A fragments by
+//      movmatrix; stored back through shared memory (stmatrix.trans) in 16-byte pieces.
+// The pair and head kernels above take every other verify step.
+constexpr int kVerD = 128;                     // the head dims this kernel takes
+constexpr int kVerWarps = 8;
+constexpr int kVerMaxT = kGdnDecodeMaxTokens;  // 16
+constexpr int kVerPitch = kVerD + 8;  // halves a shared row: 272 bytes, so ldmatrix's 8 rows hit distinct banks
+static_assert(kVerMaxT == 16, "the verify kernel's token tiles are 8 or 16 rows");
+
+struct VerifySmem {
+  uint16_t S[kVerD][kVerPitch];          // fp16 [dk, dv]: the head's state
+  uint16_t kq[2 * kVerMaxT][kVerPitch];  // fp16 [2 MT, dk]: normalised keys (rows < MT), then scaled queries
+  float g[kVerMaxT], beta[kVerMaxT];     // each token's log-decay and beta; 0 past T
+  float amat[kVerMaxT][kVerMaxT + 1];    // [t][j]: beta_t e^(G_t - G_j) (k_t . k_j) for j < t, else 0
+  float qmat[kVerMaxT][kVerMaxT + 1];    // [t][j]: e^(G_t - G_j) (q_t . k_j) for j <= t, else 0
+  float ss[kVerWarps][kVerMaxT];         // Norm: each warp's sum of squares of a token's outputs
+};
+
+__device__ __forceinline__ uint32_t half2_bits(float x, float y) {
+  const __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ float2 half2_f32(uint32_t w) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&w));
+}
+
+// One (sequence, head) of T <= MT tokens (MT 8 or 16). A lane holds the tokens g4 + 8 i (i <
+// MT / 8) and the columns 16 warp + 8 nb + 2 t4, + 1 (nb 0, 1) of the accumulator layout.
+template <bool Norm, int MT>
+__device__ __forceinline__ void gdn_verify_body(VerifySmem& sm, const bf16* qkv, const GdnGates& gates, __half* st,
+                                                bool load, bf16* out, int t0, int T, int Hk, int Hv, int h,
+                                                const GdnNorm& norm) {
+  constexpr int kTiles = MT / 8;  // token tiles of 8 rows; also the m-tiles of [k; q]
+  constexpr unsigned kAll = 0xffffffffu;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
+  const int kh = h / (Hv / Hk), C = 2 * Hk * kVerD + Hv * kVerD;
+
+  // The state into shared memory, 16 bytes a thread a time (piece c: row c / 16, columns 8 (c % 16)).
+  // No kernel before this one writes it.
+  uint4 piece[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    piece[i] = load ? reinterpret_cast<const uint4*>(st)[threadIdx.x + kVerWarps * 32 * i] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int c = threadIdx.x + kVerWarps * 32 * i;
+    *reinterpret_cast<uint4*>(&sm.S[c >> 4][8 * (c & 15)]) = piece[i];
+  }
+  float2 nw[2];
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb)
+    nw[nb] = Norm ? *reinterpret_cast<const float2*>(norm.w + 16 * warp + 8 * nb + 2 * t4) : make_float2(0.f, 0.f);
+  const float a_log = gates.a_log[h], dt_bias = gates.dt_bias[h];
+  pdl_wait();  // qkv, the gates and z come from the kernels before
+  pdl_trigger();
+
+  // v and z of the lane's tokens and columns.
+  float2 vv[kTiles][2], zz[kTiles][2];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i)
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+      const int t = g4 + 8 * i, col = 16 * warp + 8 * nb + 2 * t4;
+      const bool in = t < T;
+      const int64_t tok = t0 + t;
+      vv[i][nb] = in ? bf16_pair(*reinterpret_cast<const uint32_t*>(qkv + tok * C + 2 * Hk * kVerD + h * kVerD + col))
+                     : make_float2(0.f, 0.f);
+      zz[i][nb] = Norm && in ? bf16_pair(*reinterpret_cast<const uint32_t*>(norm.z + (tok * Hv + h) * kVerD + col))
+                             : make_float2(0.f, 0.f);
+    }
+  // A warp a token: q and k L2-normalised into fp16 rows, and the gates.
+  const float q_scale = rsqrtf(static_cast<float>(kVerD));
+  for (int t = warp; t < MT; t += kVerWarps) {
+    uint2 qr = make_uint2(0, 0), kr = make_uint2(0, 0);
+    const bf16* row = qkv + int64_t(t0 + t) * C;
+    if (t < T) {
+      qr = *reinterpret_cast<const uint2*>(row + kh * kVerD + 4 * lane);
+      kr = *reinterpret_cast<const uint2*>(row + Hk * kVerD + kh * kVerD + 4 * lane);
+    }
+    const float2 q0 = bf16_pair(qr.x), q1 = bf16_pair(qr.y), k0 = bf16_pair(kr.x), k1 = bf16_pair(kr.y);
+    const float qn = rsqrtf(warp_sum(q0.x * q0.x + q0.y * q0.y + q1.x * q1.x + q1.y * q1.y) + 1e-6f) * q_scale;
+    const float kn = rsqrtf(warp_sum(k0.x * k0.x + k0.y * k0.y + k1.x * k1.x + k1.y * k1.y) + 1e-6f);
+    *reinterpret_cast<uint2*>(&sm.kq[t][4 * lane]) = make_uint2(half2_bits(k0.x * kn, k0.y * kn),
+                                                                half2_bits(k1.x * kn, k1.y * kn));
+    *reinterpret_cast<uint2*>(&sm.kq[MT + t][4 * lane]) = make_uint2(half2_bits(q0.x * qn, q0.y * qn),
+                                                                     half2_bits(q1.x * qn, q1.y * qn));
+    if (lane == 0) {
+      float g = 0.f, beta = 0.f;
+      if (t < T) {
+        const int64_t gi = int64_t(t0 + t) * Hv + h;
+        gdn_gate(to_f32(gates.a[gi]), to_f32(gates.b[gi]), a_log, dt_bias, g, beta);
+      }
+      sm.g[t] = g;
+      sm.beta[t] = beta;
+    }
+  }
+  __syncthreads();  // the state, [k; q] and the gates
+
+  // G_t in lane t (every warp scans for itself).
+  float cum = lane < MT ? sm.g[lane] : 0.f;
+#pragma unroll
+  for (int o = 1; o < MT; o *= 2) {
+    const float n = __shfl_up_sync(kAll, cum, o);
+    if (lane >= o) cum += n;
+  }
+
+  // sf[j2][m]: matrix m = 2 hi + nb of rows 16 j2 + 8 hi, columns 16 warp + 8 nb (fp16 pairs: rows
+  // 2 t4, + 1 of column g4). As S^T's accumulator tile j = 2 j2 + hi: c0, c1 = m 2 hi; c2, c3 = m
+  // 2 hi + 1. As S's B fragments of k-block j2: b0 = m nb, b1 = m 2 + nb.
+  uint32_t sf[8][4];
+  const int lm = lane >> 3;
+  auto s_addr = [&](int j2) { return smem_u32(&sm.S[16 * j2 + 8 * (lm >> 1) + (lane & 7)][16 * warp + 8 * (lm & 1)]); };
+#pragma unroll
+  for (int j2 = 0; j2 < 8; ++j2) ldmatrix_x4_trans(sf[j2], s_addr(j2));
+
+  // 1, 2: [k; q] S0 (acc[m-tile][nb]: rows 16 mt + g4, + 8 of [k; q]) and this warp's Gram tile.
+  float acc[kTiles][2][4] = {};
+  float gram[4] = {};
+  const bool has_gram = warp < kTiles * kTiles;
+  const int gmt = warp / kTiles, gnt = warp % kTiles;
+#pragma unroll
+  for (int kb = 0; kb < 8; ++kb) {
+    uint32_t a[kTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kTiles; ++mt) ldmatrix_x4(a[mt], &sm.kq[16 * mt + (lane & 15)][16 * kb + 8 * (lane >> 4)]);
+#pragma unroll
+    for (int mt = 0; mt < kTiles; ++mt) {
+      mma_f16(acc[mt][0], a[mt], sf[kb][0], sf[kb][2]);
+      mma_f16(acc[mt][1], a[mt], sf[kb][1], sf[kb][3]);
+    }
+    if (has_gram) {  // the keys 8 gnt + g4 as B: rows of m-tile 0
+      uint32_t ga[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ga[e] = gmt == 1 ? a[kTiles - 1][e] : a[0][e];
+      mma_f16(gram, ga, gnt == 1 ? a[0][1] : a[0][0], gnt == 1 ? a[0][3] : a[0][2]);
+    }
+  }
+  if (has_gram) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = 16 * gmt + g4 + 8 * (e >> 1), j = 8 * gnt + 2 * t4 + (e & 1);  // row of [k; q], key
+      const bool key = r < MT;
+      const int t = key ? r : r - MT;
+      const float decay = expf(__shfl_sync(kAll, cum, t) - __shfl_sync(kAll, cum, j));
+      if (key) sm.amat[t][j] = j < t ? sm.beta[t] * decay * gram[e] : 0.f;
+      else sm.qmat[t][j] = j <= t ? decay * gram[e] : 0.f;
+    }
+  }
+  __syncthreads();  // the coefficient matrices
+
+  // 3: x starts as beta_t (v_t - e^G_t S0^T k_t) and ends as delta_t; o starts as e^G_t S0^T q_t.
+  // At token j, the lanes holding row j have their delta final and share it.
+  float x[kTiles][2][2], o[kTiles][2][2];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const int t = g4 + 8 * i;
+    const float decay = expf(__shfl_sync(kAll, cum, t)), beta = sm.beta[t];
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float av = kTiles == 1 ? acc[0][nb][e] : acc[0][nb][2 * i + e];
+        const float bv = kTiles == 1 ? acc[0][nb][2 + e] : acc[kTiles - 1][nb][2 * i + e];
+        x[i][nb][e] = beta * ((e ? vv[i][nb].y : vv[i][nb].x) - decay * av);
+        o[i][nb][e] = decay * bv;
+      }
+  }
+  for (int j = 0; j < T; ++j) {
+    const int src = 4 * (j & 7) + t4;
+    float d[2][2];
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) d[nb][e] = __shfl_sync(kAll, j >= 8 ? x[kTiles - 1][nb][e] : x[0][nb][e], src);
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      const float ca = sm.amat[g4 + 8 * i][j], cq = sm.qmat[g4 + 8 * i][j];
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          x[i][nb][e] = fmaf(-ca, d[nb][e], x[i][nb][e]);
+          o[i][nb][e] = fmaf(cq, d[nb][e], o[i][nb][e]);
+        }
+    }
+  }
+
+  // 4: the outputs (the norm reads them rounded to bf16, as the separate kernel does).
+  if constexpr (Norm) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      float ss = 0.f;
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          o[i][nb][e] = to_f32(to_bf16(o[i][nb][e]));
+          ss += o[i][nb][e] * o[i][nb][e];
+        }
+      ss += __shfl_xor_sync(kAll, ss, 1);
+      ss += __shfl_xor_sync(kAll, ss, 2);
+      if (t4 == 0) sm.ss[warp][g4 + 8 * i] = ss;
+    }
+    __syncthreads();  // the sums of squares
+  }
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const int t = g4 + 8 * i;
+    if (t >= T) continue;
+    float inv = 0.f;
+    if constexpr (Norm) {
+      float tot = 0.f;
+#pragma unroll
+      for (int w = 0; w < kVerWarps; ++w) tot += sm.ss[w][t];
+      inv = rsqrtf(tot / kVerD + norm.eps);
+    }
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+      const int col = 16 * warp + 8 * nb + 2 * t4;
+      __nv_bfloat162 pair;
+      if constexpr (Norm) {
+        pair.x = gdn_norm_out(o[i][nb][0], inv, nw[nb].x, zz[i][nb].x, norm.sigmoid_gate);
+        pair.y = gdn_norm_out(o[i][nb][1], inv, nw[nb].y, zz[i][nb].y, norm.sigmoid_gate);
+      } else {
+        pair = __floats2bfloat162_rn(o[i][nb][0], o[i][nb][1]);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(out + (int64_t(t0 + t) * Hv + h) * kVerD + col) = pair;
+    }
+  }
+
+  // 5: E^T's A fragments (rows: the warp's columns; k: tokens), E_t = e^(G_{T-1} - G_t) delta_t.
+  const float g_end = __shfl_sync(kAll, cum, T - 1);
+  uint32_t ea[kTiles][2];
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const float sc = expf(g_end - __shfl_sync(kAll, cum, g4 + 8 * i));  // past T: delta is 0
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) ea[i][nb] = movmatrix_trans(half2_bits(sc * x[i][nb][0], sc * x[i][nb][1]));
+  }
+  const float decay_end = expf(g_end);
+#pragma unroll
+  for (int j2 = 0; j2 < 8; ++j2) {
+    // The keys' B fragments of S^T tiles 2 j2 and 2 j2 + 1 (columns 16 j2 + 8 hi of [k]).
+    uint32_t kb[2][kTiles];
+    if constexpr (kTiles == 1) {
+      uint32_t r[2];
+      ldmatrix_x2_trans(r, smem_u32(&sm.kq[lane & 7][16 * j2 + 8 * ((lane >> 3) & 1)]));
+      kb[0][0] = r[0], kb[1][0] = r[1];
+    } else {
+      uint32_t r[4];
+      ldmatrix_x4_trans(r, smem_u32(&sm.kq[(lane & 7) + 8 * (lm & 1)][16 * j2 + 8 * (lm >> 1)]));
+      kb[0][0] = r[0], kb[0][1] = r[1], kb[1][0] = r[2], kb[1][1] = r[3];
+    }
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const float2 lo = half2_f32(sf[j2][2 * hi]), up = half2_f32(sf[j2][2 * hi + 1]);
+      float c[4] = {decay_end * lo.x, decay_end * lo.y, decay_end * up.x, decay_end * up.y};
+      if constexpr (kTiles == 1) {
+        mma_f16_k8(c, ea[0][0], ea[0][1], kb[hi][0]);
+      } else {
+        const uint32_t a[4] = {ea[0][0], ea[0][1], ea[kTiles - 1][0], ea[kTiles - 1][1]};
+        mma_f16(c, a, kb[hi][0], kb[hi][kTiles - 1]);
+      }
+      sf[j2][2 * hi] = half2_bits(c[0], c[1]);
+      sf[j2][2 * hi + 1] = half2_bits(c[2], c[3]);
+    }
+    stmatrix_x4_trans(s_addr(j2), sf[j2]);
+  }
+  __syncthreads();  // the new state in shared memory
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int c = threadIdx.x + kVerWarps * 32 * i;
+    reinterpret_cast<uint4*>(st)[c] = *reinterpret_cast<const uint4*>(&sm.S[c >> 4][8 * (c & 15)]);
+  }
+}
+
+template <bool Norm>
+__global__ void __launch_bounds__(kVerWarps * 32, 2) gdn_verify_mma_kernel(
+    const bf16* qkv, GdnGates gates, __half* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
+    const int32_t* slots, int Hk, int Hv, GdnNorm norm) {
+  __shared__ __align__(16) VerifySmem sm;
+  const int s = blockIdx.x, h = blockIdx.y;
+  const int t0 = cu_seqlens[s], T = cu_seqlens[s + 1] - t0;
+  if (T == 0) return;
+  __half* st = state + (int64_t(slots[s]) * Hv + h) * kVerD * kVerD;
+  const bool load = n_past[s] != 0;  // a fresh sequence starts from zeros
+  if (T <= 8) gdn_verify_body<Norm, 8>(sm, qkv, gates, st, load, out, t0, T, Hk, Hv, h, norm);
+  else gdn_verify_body<Norm, 16>(sm, qkv, gates, st, load, out, t0, T, Hk, Hv, h, norm);
+}
+
 }  // namespace
 
 bool gdn_decode_supported(int dk) { return dk <= kDecodeMaxK; }
@@ -629,10 +938,18 @@ bool gdn_decode_token_supported(int dk, int dv) {
   return dk <= kDecodeMaxK && dv <= kDecodeMaxK && dk % 2 == 0 && dv % 2 == 0;
 }
 
+bool gdn_verify_mma_supported(int dk, int dv, int state_dtype) {
+  return dk == kVerD && dv == kVerD && state_dtype == 1;
+}
+
 namespace {
 bool g_gdn_pair = env_flag("DS_GDN_PAIR", true);
 bool g_gdn_token = env_flag("DS_GDN_TOKEN", true);
+bool g_gdn_mma = env_flag("DS_GDN_MMA", true);
 }  // namespace
+
+bool gdn_verify_mma() { return g_gdn_mma; }
+void set_gdn_verify_mma(bool on) { g_gdn_mma = on; }
 
 bool gdn_decode_token() { return g_gdn_token; }
 void set_gdn_decode_token(bool on) { g_gdn_token = on; }
@@ -651,7 +968,7 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                           int head_parts) {
   if (n_seqs == 0) return;
   DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadFewSeqsParts || head_parts == kGdnHeadPair ||
-                head_parts == kGdnOneToken,
+                head_parts == kGdnOneToken || head_parts == kGdnVerifyMma,
             "GDN decode: %d row parts a head", head_parts);
   const bool normed = norm.z != nullptr;
   DS_ASSERT(!normed || (short_chunks && gdn_decode_norm_supported(dk, dv, state_dtype)),
@@ -673,6 +990,16 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
         };
         if (dk == kDecodeMaxK && dv == kDecodeMaxK) token(std::true_type{});
         else token(std::false_type{});
+        return;
+      }
+      if (head_parts == kGdnVerifyMma) {
+        DS_ASSERT(gates.a && gdn_verify_mma_supported(dk, dv, state_dtype),
+                  "GDN verify: the tensor-core kernel takes the gates' a and b, head dims of %d and an fp16 state "
+                  "(dk %d, dv %d, state dtype %d)",
+                  kVerD, dk, dv, state_dtype);
+        if constexpr (std::is_same_v<StateT, __half>)
+          launch_kernel("gdn_verify", gdn_verify_mma_kernel<Norm>, dim3(n_seqs, Hv), kVerWarps * 32, 0, s, qkv, gates,
+                        typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, norm);
         return;
       }
       // head_parts: Parts of a CTA a head, or kGdnHeadPair (a CTA pair a head, kPairParts each).

@@ -343,10 +343,19 @@ bool gdn_decode_norm_supported(int dk, int dv, int state_dtype);
 // kGdnOneToken: every sequence feeds one token (decode steps), the gates come as a and b, and
 // gdn_decode_token_supported: a CTA of 256 threads a head whose token takes no barrier
 // (gdn_decode_token_kernel).
+// kGdnVerifyMma: verify steps (up to kGdnDecodeMaxTokens tokens a sequence), the gates as a and
+// b, gdn_verify_mma_supported: a CTA of 256 threads a head that takes the step's tokens at once
+// in closed form on tensor cores (gdn_verify_mma_kernel).
 constexpr int kGdnHeadParts = 2;
 constexpr int kGdnHeadFewSeqsParts = 4;
+constexpr int kGdnVerifyMma = -3;
 constexpr int kGdnHeadPair = -2;
 constexpr int kGdnOneToken = -1;
+bool gdn_verify_mma_supported(int dk, int dv, int state_dtype);
+// Whether CudaOps gives verify steps kGdnVerifyMma (env DS_GDN_MMA = 1, the default | 0; tests may
+// switch it).
+bool gdn_verify_mma();
+void set_gdn_verify_mma(bool on);
 bool gdn_decode_token_supported(int dk, int dv);
 // Whether CudaOps gives decode steps kGdnOneToken (env DS_GDN_TOKEN = 1, the default | 0; tests
 // may switch it).

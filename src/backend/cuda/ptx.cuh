@@ -1,5 +1,6 @@
-// Inline-PTX wrappers shared by the kernels: asynchronous global -> shared copies, ldmatrix and
-// the bf16 mma.m16n8k16 (sm_80+), and programmatic dependent launch (sm_90). One definition each.
+// Inline-PTX wrappers shared by the kernels: asynchronous global -> shared copies, ldmatrix,
+// stmatrix and movmatrix, the bf16, fp16 and int8 mma (sm_80+), and programmatic dependent launch
+// (sm_90). One definition each.
 #pragma once
 
 #include <cstddef>
@@ -51,6 +52,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr)
                : "memory");
 }
+// Two of them, transposed (lanes 0-15 give the row addresses).
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr)
+               : "memory");
+}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) { ldmatrix_x4(r, smem_u32(p)); }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
   ldmatrix_x4_trans(r, smem_u32(p));
@@ -71,6 +79,29 @@ __device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], u
       "{%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// c f32 [16, 8] += a f16 [16, 8] (row major: a0 rows g, a1 rows g + 8, cols 2t, 2t + 1) . b f16
+// [8, 8] (column major: rows 2t, 2t + 1 of col g).
+__device__ __forceinline__ void mma_f16_k8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// An 8x8 b16 matrix in the fragment layout (lane l: row l / 4, cols 2 (l % 4), + 1), transposed
+// across the warp (sm_75+).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
+// The inverse of ldmatrix_x4_trans: four 8x8 b16 matrices into shared memory, transposed (sm_90).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
 }
 
 // c += a . b on int8 tensor cores (m16n8k32, s32 sums): a the 16 x 32 row-major fragment, b 32 x 8.
