@@ -89,17 +89,15 @@ void Qwen35Model::gdn_block(const LayerWeights& L, const NormedAct& in, Tensor x
   Tensor z = act({T, Hv * dv});
   Tensor b = act({T, Hv});
   Tensor a = act({T, Hv});
-  Tensor qkv = act({T, C});  // silu(causal_conv1d(mixed_qkv)) = [q | k | v]
   linear(in, w.in_proj, {mixed_qkv, z, b, a});
-  ops_.conv1d_silu(mixed_qkv, w.conv1d, L.cache_index, qkv);
 
   GdnShape shape{cfg_.linear_num_key_heads, cfg_.linear_num_value_heads, cfg_.linear_key_head_dim,
                  cfg_.linear_value_head_dim};
-  // gates g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), the delta rule, then each
-  // v-head's output RMS-normed and gated by z
+  // [q | k | v] = silu(causal_conv1d(mixed_qkv)); gates g = -exp(A_log) softplus(a + dt_bias),
+  // beta = sigmoid(b), the delta rule, then each v-head's output RMS-normed and gated by z
   Tensor normed = act({T, Hv * dv});
-  ops_.gdn_gates_delta_rule_norm(qkv, a, b, w.a_log, w.dt_bias, shape, L.cache_index, z, w.norm, cfg_.rms_norm_eps,
-                                 cfg_.output_gate_sigmoid, normed);
+  ops_.conv_gdn_norm(mixed_qkv, w.conv1d, a, b, w.a_log, w.dt_bias, shape, L.cache_index, z, w.norm,
+                     cfg_.rms_norm_eps, cfg_.output_gate_sigmoid, normed);
   ops_.linear_add_rms_norm(normed, nullptr, GateAct::kSiluMul, w.out_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out,
                            next.twin, next.half);
 }

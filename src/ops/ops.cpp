@@ -109,6 +109,14 @@ void Ops::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log
   gated_rms_norm(core.view({T * Hv, dv}), z.view({T * Hv, dv}), norm_w, eps, sigmoid_gate, out.view({T * Hv, dv}));
 }
 
+void Ops::conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
+                        const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
+                        Tensor out) {
+  Tensor qkv = scratch(act_dtype(), {mixed.dim(0), mixed.dim(1)});  // silu(causal_conv1d(mixed)) = [q | k | v]
+  conv1d_silu(mixed, conv_w, state_layer, qkv);
+  gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, shape, state_layer, z, norm_w, eps, sigmoid_gate, out);
+}
+
 void Ops::attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim, double theta,
                          Tensor q, Tensor gate) {
   const int64_t T = q.dim(0), nH = q.dim(1), hd = q.dim(2), nKV = k.dim(1);

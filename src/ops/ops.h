@@ -251,6 +251,12 @@ class Ops {
   virtual void gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                                          const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps,
                                          bool sigmoid_gate, Tensor out);
+  // conv1d_silu of mixed, then gdn_gates_delta_rule_norm of its output: one op where a backend
+  // convolves inside the delta-rule kernel (CUDA at decode steps). mixed act [T, C] (pre-conv,
+  // C = 2*Hk*dk + Hv*dv); conv_w f32 [C, K]; the rest as gdn_gates_delta_rule_norm.
+  virtual void conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
+                             const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps,
+                             bool sigmoid_gate, Tensor out);
 
   // --- gated full attention ---
   // p act [T, nH * 2 * hd] (per head [query | gate]) -> q act [T, nH, hd], gate act [T, nH * hd]

@@ -351,6 +351,87 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   cuda::set_gdn_verify_mma(mma_before);
 }
 
+// conv_gdn_norm with the conv in the one-token GDN decode kernel (cuda::GdnConv) against
+// conv1d_silu and gdn_gates_delta_rule_norm on a second CudaOps: the same bits, step after step,
+// so the conv and recurrent states the fused kernel writes are the separate kernels' too; and the
+// CPU's two ops within tolerance. Decode steps of 1, 2 and 9 sequences (the 27B's 9 x 48 heads
+// take two waves, so the two ops), fresh sequences beside continuing ones (a k-head's q and k conv
+// state rows, read by every CTA of its v-heads, written by the last to arrive), and verify steps
+// between (the two ops); conv widths 4 and 2; Hv / Hk 3, 1 and the 27B's 48 / 16; runtime head
+// dims and the model's 128.
+TEST_F(CudaOpsTest, ConvGdnNormMatchesSeparate) {
+  const bool conv_before = cuda::gdn_conv_fused();
+  cuda::set_gdn_conv_fused(true);
+  for (auto [Hk, Hv, dk, dv, K] : std::vector<std::array<int, 5>>{
+           {2, 6, 16, 24, 4}, {1, 3, 48, 80, 2}, {2, 2, 128, 128, 4}, {16, 48, 128, 128, 4}}) {
+    const int C = 2 * Hk * dk + Hv * dv;
+    CudaOpsOptions o;
+    o.state_dtype = StateDType::kF16;
+    gpu = std::make_unique<CudaOps>(o);
+    CudaOps sep(o);
+    CacheGeometry g;
+    g.n_state_layers = 2, g.n_slots = 9, g.conv_rows = K - 1, g.conv_dim = C, g.n_v_heads = Hv, g.k_head_dim = dk,
+    g.v_head_dim = dv, g.n_kv_layers = 1, g.n_blocks = 1, g.n_kv_heads = 1, g.head_dim = 1;
+    cpu.alloc_caches(g);
+    gpu->alloc_caches(g);
+    sep.alloc_caches(g);
+    struct Three {
+      Tensor cpu, gpu, sep;
+    };
+    auto three = [&](const std::vector<float>& h, std::initializer_list<int64_t> shape, bool f32 = false) {
+      auto [c, gg] = both(h, shape, f32);
+      return Three{c, gg, sep.upload(h.data(), DType::kF32, shape, f32 ? DType::kF32 : DType::kBF16)};
+    };
+    const Three conv_w = three(random_bf16(C * K, rng, 0.5f), {C, K}, true);
+    const Three a_log = three(random_bf16(Hv, rng, 0.5f), {Hv}, true);
+    const Three dt_bias = three(random_bf16(Hv, rng, 0.5f), {Hv}, true);
+    const Three norm_w = three(random_bf16(dv, rng, 0.5f), {dv}, true);
+    const GdnShape sh{Hk, Hv, dk, dv};
+    std::vector<int> past(9, 0);
+    const std::vector<std::vector<int>> steps = {{1},    {1, 1}, {1, 1, 1, 1, 1, 1, 1, 1, 1}, {8, 3}, {1, 1},
+                                                 {1, 1}, {5},    {1, 1, 1},                   {1}};
+    int fused_steps = 0;
+    for (size_t step = 0; step < steps.size(); ++step) {
+      const std::vector<int>& lens = steps[step];
+      int T = 0;
+      for (int len : lens) T += len;
+      const StepPlan plan = make_plan(lens, past, 16, 1);
+      begin(plan);
+      sep.begin_step(plan);
+      const Three mixed = three(random_bf16(T * C, rng), {T, C});
+      const Three a = three(random_bf16(T * Hv, rng), {T, Hv});
+      const Three b = three(random_bf16(T * Hv, rng), {T, Hv});
+      const Three z = three(random_bf16(T * Hv * dv, rng), {T, Hv * dv});
+      const bool sig = step % 2 == 1;
+      const std::string what = "Hk" + std::to_string(Hk) + "_Hv" + std::to_string(Hv) + "_dk" + std::to_string(dk) +
+                               "_K" + std::to_string(K) + "_step" + std::to_string(step);
+      const bool decode = T == static_cast<int>(lens.size());
+      EXPECT_EQ(gpu->gdn_takes_conv(sh, K), decode && cuda::gdn_conv_fits(static_cast<int>(lens.size()), Hv)) << what;
+      fused_steps += gpu->gdn_takes_conv(sh, K);
+      auto out = outputs({T, Hv * dv});
+      gpu->conv_gdn_norm(mixed.gpu, conv_w.gpu, a.gpu, b.gpu, a_log.gpu, dt_bias.gpu, sh, 1, z.gpu, norm_w.gpu, 1e-6f,
+                         sig, out.second);
+      cpu.conv_gdn_norm(mixed.cpu, conv_w.cpu, a.cpu, b.cpu, a_log.cpu, dt_bias.cpu, sh, 1, z.cpu, norm_w.cpu, 1e-6f,
+                        sig, out.first);
+      Tensor qkv_sep = sep.scratch(DType::kBF16, {T, C});
+      Tensor out_sep = sep.scratch(DType::kBF16, {T, Hv * dv});
+      sep.conv1d_silu(mixed.sep, conv_w.sep, 1, qkv_sep);
+      sep.gdn_gates_delta_rule_norm(qkv_sep, a.sep, b.sep, a_log.sep, dt_bias.sep, sh, 1, z.sep, norm_w.sep, 1e-6f, sig,
+                                    out_sep);
+      std::vector<float> fused(out.second.numel()), separate(out_sep.numel());
+      gpu->download_f32(out.second, fused.data());
+      sep.download_f32(out_sep, separate.data());
+      int differ = 0;
+      for (size_t i = 0; i < fused.size(); ++i) differ += fused[i] != separate[i];
+      EXPECT_EQ(differ, 0) << what << ": outputs of the fused kernel that differ from the separate ops'";
+      expect_close(out, 2e-2, "conv_gdn_norm_" + what);
+      for (size_t s = 0; s < lens.size(); ++s) past[s] += lens[s];
+    }
+    EXPECT_GE(fused_steps, 6) << "steps that took the conv in the GDN kernel";
+  }
+  cuda::set_gdn_conv_fused(conv_before);
+}
+
 // Paged GQA attention on prefill and decode steps, decode chunks through the split-KV kernel
 // and (head dim 256: the tensor-core kernel has it) through the tensor-core kernel with the
 // query heads packed per KV head (DS_ATTN_DECODE=tc).

@@ -59,6 +59,7 @@ struct CudaOps::Impl {
     graphs.clear();
   }
   int* gemv_counters = nullptr;  // i32 [kGemvMaxSplitTiles]: split-K GEMV tile counters, zero between launches
+  int* gdn_conv_counters = nullptr;  // i32 [kGdnConvCounters]: cuda::GdnConv's, zero between launches
 
   void* alloc(size_t bytes) {
     void* p = nullptr;
@@ -131,6 +132,8 @@ CudaOps::CudaOps(const CudaOpsOptions& options) : impl_(new Impl()), options_(op
   impl_->scratch = static_cast<char*>(impl_->alloc(options.scratch_bytes));
   impl_->gemv_counters = static_cast<int*>(impl_->alloc(cuda::kGemvMaxSplitTiles * sizeof(int)));
   CUDA_CHECK(cudaMemset(impl_->gemv_counters, 0, cuda::kGemvMaxSplitTiles * sizeof(int)));
+  impl_->gdn_conv_counters = static_cast<int*>(impl_->alloc(cuda::kGdnConvCounters * sizeof(int)));
+  CUDA_CHECK(cudaMemset(impl_->gdn_conv_counters, 0, cuda::kGdnConvCounters * sizeof(int)));
 }
 
 CudaOps::~CudaOps() {
@@ -832,7 +835,7 @@ void CudaOps::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log,
     Ops::gdn_gates_delta_rule(qkv, a, b, a_log, dt_bias, sh, layer, out);  // a gates launch, then the rule
     return;
   }
-  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, cuda::GdnNorm{});
+  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, cuda::GdnNorm{}, cuda::GdnConv{});
 }
 
 // The most sequences whose GDN heads (48 in the 27B) the decode kernel of a CTA a head runs in 4
@@ -863,6 +866,10 @@ void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a
     Ops::gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out);
     return;
   }
+  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, gdn_norm(z, norm_w, sh, eps, sigmoid_gate), cuda::GdnConv{});
+}
+
+cuda::GdnNorm CudaOps::gdn_norm(Tensor z, Tensor norm_w, const GdnShape& sh, float eps, bool sigmoid_gate) const {
   expect_bf16(z, "gdn norm z");
   expect_f32(norm_w, "gdn norm weight");
   DS_ASSERT(norm_w.numel() == sh.v_head_dim, "gdn norm weight: %lld values for head dim %d",
@@ -872,11 +879,45 @@ void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a
   norm.w = F(norm_w);
   norm.eps = eps;
   norm.sigmoid_gate = sigmoid_gate;
-  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, norm);
+  return norm;
+}
+
+bool CudaOps::gdn_takes_conv(const GdnShape& sh, int conv_width) const {
+  // H200, 27B shape, three rounds against DS_GDN_CONV=0 (docs/perf/2026-12-04-s46-cuda-27b.md): C1
+  // at 1k 4.989-5.001 against 5.017-5.031 ms, C1 at 4k 5.054-5.066 against 5.074-5.103, C4
+  // 5.614-5.617 against 5.685-5.713, C2 even; C8 (two waves of CTAs) lost before gdn_conv_fits.
+  return max_chunk_ == 1 && cuda::gdn_conv_fused() && conv_width <= cuda::kGdnConvMaxK &&
+         gdn_head_parts(sh) == cuda::kGdnOneToken &&
+         cuda::gdn_decode_norm_supported(sh.k_head_dim, sh.v_head_dim, state_code(options_.state_dtype)) &&
+         int64_t(plan_.n_seqs()) * sh.n_k_heads <= cuda::kGdnConvCounters &&
+         cuda::gdn_conv_fits(plan_.n_seqs(), sh.n_v_heads);
+}
+
+void CudaOps::conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
+                            const GdnShape& sh, int layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
+                            Tensor out) {
+  // Decode steps: the one-token kernel convolves its inputs itself (cuda::GdnConv), so the conv's
+  // launch and the kernel boundary after it go.
+  const int C = static_cast<int>(mixed.dim(1)), K = static_cast<int>(conv_w.dim(1));
+  if (!gdn_takes_conv(sh, K)) {
+    Ops::conv_gdn_norm(mixed, conv_w, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out);
+    return;
+  }
+  expect_bf16(mixed, "gdn mixed");
+  expect_f32(conv_w, "conv1d weight");
+  DS_ASSERT(C == geo_.conv_dim && K - 1 == geo_.conv_rows &&
+                C == 2 * sh.n_k_heads * sh.k_head_dim + sh.n_v_heads * sh.v_head_dim,
+            "conv geometry: %d channels, width %d", C, K);
+  cuda::GdnConv conv;
+  conv.w = F(conv_w);
+  conv.state = static_cast<bf16*>(conv_state(layer));
+  conv.counters = impl_->gdn_conv_counters;
+  conv.K = K;
+  gdn_decode(mixed, a, b, a_log, dt_bias, sh, layer, out, gdn_norm(z, norm_w, sh, eps, sigmoid_gate), conv);
 }
 
 void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& sh, int layer,
-                         Tensor out, const cuda::GdnNorm& norm) {
+                         Tensor out, const cuda::GdnNorm& norm, const cuda::GdnConv& conv) {
   expect_bf16(a, "gdn a");
   expect_bf16(b, "gdn b");
   void* state = gdn_state(sh, layer);
@@ -888,7 +929,7 @@ void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt
   cuda::launch_gdn_recurrent(B(qkv), gates, state, state_code(options_.state_dtype), B(out), impl_->cu_seqlens,
                              impl_->n_past, impl_->slots, plan_.n_seqs(), sh.n_k_heads, sh.n_v_heads, sh.k_head_dim,
                              sh.v_head_dim, /*short_chunks=*/true, impl_->stream, norm,
-                             gdn_head_parts(sh));
+                             gdn_head_parts(sh), conv);
 }
 
 int CudaOps::gdn_head_parts(const GdnShape& sh) const {

@@ -15,6 +15,7 @@ namespace ds {
 namespace cuda {
 struct GemvOut;
 struct GdnNorm;
+struct GdnConv;
 enum class GemvGate : int;
 }
 
@@ -93,6 +94,14 @@ class CudaOps final : public Ops {
   void gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
                                  int state_layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
                                  Tensor out) override;
+  // The conv in the one-token GDN decode kernel where gdn_takes_conv, else the two ops.
+  void conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
+                     const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
+                     Tensor out) override;
+  // Whether conv_gdn_norm convolves in the GDN decode kernel at this step (cuda::GdnConv: decode
+  // steps that take the one-token kernel, conv widths up to cuda::kGdnConvMaxK; env DS_GDN_CONV =
+  // 1, the default | 0).
+  bool gdn_takes_conv(const GdnShape& shape, int conv_width) const;
   void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) override;
   void split_query_gate(Tensor p, int n_heads, int head_dim, Tensor q, Tensor gate) override;
   void rope(Tensor x, int rotary_dim, double theta) override;
@@ -123,9 +132,12 @@ class CudaOps final : public Ops {
   // The conv state pool of GDN layer `layer`, bf16 [n_slots, conv_rows, conv_dim] (checks the layer).
   void* conv_state(int layer);
   // The decode kernels' delta rule with its own gates (and, with norm.z, the gated norm):
-  // gdn_gates_delta_rule and gdn_gates_delta_rule_norm at decode and verify.
+  // gdn_gates_delta_rule and gdn_gates_delta_rule_norm at decode and verify. With conv.w, qkv is
+  // the pre-conv rows, convolved in the kernel (conv_gdn_norm).
   void gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape, int layer,
-                  Tensor out, const cuda::GdnNorm& norm);
+                  Tensor out, const cuda::GdnNorm& norm, const cuda::GdnConv& conv);
+  // The gated norm of each v-head's output the decode kernels apply (z act [T, Hv*dv], norm_w f32 [dv]).
+  cuda::GdnNorm gdn_norm(Tensor z, Tensor norm_w, const GdnShape& shape, float eps, bool sigmoid_gate) const;
   // Whether this verify step (2 to 8 tokens a sequence, at most 2 sequences) takes the decode
   // kernel of a CTA a head with its norm and 4 parts of a column's rows, rather than the 32-column
   // tiles and a gated-norm launch. env DS_GDN_VERIFY_HEAD = 1 (default) | 0.

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "backend/cuda/common.cuh"
+#include "backend/cuda/conv_walk.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/launchers.h"
@@ -480,7 +481,16 @@ __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(kDecodeMaxK / 2 * kP
 // launch against 8.8 for the CTA pair, its tokens a chain of about 250 instructions a warp).
 // 2 CTAs an SM: 127 registers with an fp16 state (bf16 and fp32 states, and the forms of runtime
 // head dims, spill a few words).
+// Conv (GdnConv, with the norm): qkv is the pre-conv rows. Each thread convolves one or two of the
+// CTA's 2 dk + dv channels (conv_walk.cuh, the conv kernels' arithmetic), their weights and old
+// state rows loaded before pdl_wait, into shared memory (one more barrier), where the lanes then
+// read their q, k and v. The conv kernel's launch and the kernel boundary after it go: on the
+// H200 (27B shape, three rounds, docs/perf/2026-12-04-s46-cuda-27b.md) C1 at 1k 4.989-5.001
+// against 5.017-5.031 ms, C4 5.614-5.617 against 5.685-5.713; at two waves of CTAs (C8: 384) it
+// lost (6.41-6.45 against 6.32-6.35), as the second wave's loads before pdl_wait overlap nothing,
+// so CudaOps takes it where they fit one (gdn_conv_fits).
 constexpr int kTokWarps = 8;
+constexpr int kTokCtasPerSm = 2;  // the launch bounds' (127 registers a thread with an fp16 state)
 constexpr int kTokRows = kDecodeMaxK / 4;  // rows a lane: 4 row groups a column pair
 
 // Two adjacent state elements: raw (as loaded, before pdl_wait) and as floats.
@@ -508,12 +518,19 @@ __device__ __forceinline__ float2 bf16_pair(uint32_t w) {
   return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w));
 }
 
-template <class StateT, bool Norm, bool Full>
-__global__ void __launch_bounds__(kTokWarps * 32, 2) gdn_decode_token_kernel(
+template <class StateT, bool Norm, bool Full, bool Conv>
+__global__ void __launch_bounds__(kTokWarps * 32, kTokCtasPerSm) gdn_decode_token_kernel(
     const bf16* qkv, GdnGates gates, StateT* state, bf16* out, const int32_t* cu_seqlens, const int32_t* n_past,
-    const int32_t* slots, int Hk, int Hv, int dk_, int dv_, GdnNorm norm) {
+    const int32_t* slots, int Hk, int Hv, int dk_, int dv_, GdnNorm norm, GdnConv conv) {
+  static_assert(!Conv || Norm, "the conv is taken by the kernel that normalises");
+  static_assert(2 * kTokWarps * 32 >= 3 * kDecodeMaxK, "two conv channels a thread");
   using Raw = std::conditional_t<std::is_same_v<StateT, float>, float2, uint32_t>;
   __shared__ float ss_w[kTokWarps];  // Norm: each warp's sum of squares of its columns' outputs
+  // Conv: the CTA's channels after the conv (q and k of its k-head, then its v-head's v), and the
+  // new conv state rows of q and k, which the last CTA of the k-head to arrive writes.
+  __shared__ __align__(16) bf16 conv_out[Conv ? 3 * kDecodeMaxK : 1];
+  __shared__ bf16 conv_rows[Conv ? kGdnConvMaxK - 1 : 1][Conv ? 2 * kDecodeMaxK : 1];
+  __shared__ int conv_last;
   const int dk = Full ? kDecodeMaxK : dk_, dv = Full ? kDecodeMaxK : dv_;
   const int s = blockIdx.x, h = blockIdx.y, kh = h / (Hv / Hk);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -532,13 +549,54 @@ __global__ void __launch_bounds__(kTokWarps * 32, 2) gdn_decode_token_kernel(
   for (int r = 0; r < kTokRows; ++r) raw[r] = load && (Full || i0 + r < dk) ? state_pair_raw(st + r * dv) : Raw{};
   const float2 w2 = Norm && has_col ? *reinterpret_cast<const float2*>(norm.w + col) : make_float2(0.f, 0.f);
   const float a_log = gates.a_log[h], dt_bias = gates.dt_bias[h];
+  // Conv: the thread's channels lc = threadIdx.x + 256 i of the CTA's 2 dk + dv, their weights and
+  // old state rows loaded before pdl_wait (no kernel of the step but this one writes the conv state).
+  constexpr int kConvCh = 2;
+  const int n_local = 2 * dk + dv;
+  auto channel = [&](int lc) {
+    return lc < dk ? kh * dk + lc : lc < 2 * dk ? (Hk + kh) * dk + lc - dk : 2 * Hk * dk + h * dv + lc - 2 * dk;
+  };
+  ConvWalk<kGdnConvMaxK> walk[Conv ? kConvCh : 1];
+  ConvSeq cs{};
+  if constexpr (Conv) {
+    cs = conv_seq(s, conv.state, cu_seqlens, n_past, slots, C, conv.K);
+#pragma unroll
+    for (int i = 0; i < kConvCh; ++i) {
+      const int lc = threadIdx.x + kTokWarps * 32 * i;
+      if (lc < n_local) walk[i].load(conv.w, cs, channel(lc), C, conv.K);
+    }
+  }
   pdl_wait();  // qkv, the gates and z come from the kernels before
   pdl_trigger();
 
-  // This lane's rows of q and k as loaded (bf16 pairs; dk is even), their norms taken below.
   const bf16* row = qkv + int64_t(t) * C;
-  const bf16* qp = row + kh * dk + i0;
-  const bf16* kp = row + Hk * dk + kh * dk + i0;
+  // The gates' a and b and z first: with Conv they are in flight with the channels' loads.
+  const int64_t gi = int64_t(t) * Hv + h;
+  const float ga = to_f32(gates.a[gi]), gb = to_f32(gates.b[gi]);
+  const float2 z2 =
+      Norm && has_col ? bf16_pair(*reinterpret_cast<const uint32_t*>(norm.z + gi * dv + col)) : make_float2(0.f, 0.f);
+  int arrived = 0;  // Conv: thread 0's arrival (the CTAs of the k-head before it)
+  if constexpr (Conv) {  // the channels' step; v channels' state rows now, q and k ones kept
+#pragma unroll
+    for (int i = 0; i < kConvCh; ++i) {
+      const int lc = threadIdx.x + kTokWarps * 32 * i;
+      if (lc >= n_local) continue;
+      conv_out[lc] = walk[i].step(to_f32(row[channel(lc)]), cs.R, conv.K);
+      if (lc >= 2 * dk) {
+        walk[i].store_state(cs, channel(lc), C);
+      } else {
+#pragma unroll
+        for (int j = 0; j < kGdnConvMaxK - 1; ++j)
+          if (j < cs.R) conv_rows[j][lc] = walk[i].state_row(j);
+      }
+    }
+    __syncthreads();  // conv_out; and every read of the old q and k rows is done
+    if (threadIdx.x == 0) arrived = atomic_add_release_gpu(&conv.counters[s * Hk + kh], 1);
+  }
+  // This lane's rows of q and k as loaded (bf16 pairs; dk is even), their norms taken below.
+  const bf16* qp = Conv ? conv_out + i0 : row + kh * dk + i0;
+  const bf16* kp = Conv ? conv_out + dk + i0 : row + Hk * dk + kh * dk + i0;
+  const bf16* vp = Conv ? conv_out + 2 * dk + col : row + 2 * Hk * dk + h * dv + col;
   uint32_t q2[kTokRows / 2], k2[kTokRows / 2];
   if constexpr (Full) {  // C and the rows' starts are multiples of 8 elements
 #pragma unroll
@@ -554,12 +612,7 @@ __global__ void __launch_bounds__(kTokWarps * 32, 2) gdn_decode_token_kernel(
       k2[r / 2] = in ? *reinterpret_cast<const uint32_t*>(kp + r) : 0u;
     }
   }
-  const int64_t gi = int64_t(t) * Hv + h;
-  const float ga = to_f32(gates.a[gi]), gb = to_f32(gates.b[gi]);
-  const float2 v2 =
-      has_col ? bf16_pair(*reinterpret_cast<const uint32_t*>(row + 2 * Hk * dk + h * dv + col)) : make_float2(0.f, 0.f);
-  const float2 z2 =
-      Norm && has_col ? bf16_pair(*reinterpret_cast<const uint32_t*>(norm.z + gi * dv + col)) : make_float2(0.f, 0.f);
+  const float2 v2 = has_col ? bf16_pair(*reinterpret_cast<const uint32_t*>(vp)) : make_float2(0.f, 0.f);
 
   // Over this lane's rows: S^T k and S^T q for both columns, k . q, and the sums of squares of q
   // and k, two chains each (rows r and r + 1).
@@ -607,6 +660,10 @@ __global__ void __launch_bounds__(kTokWarps * 32, 2) gdn_decode_token_kernel(
     const float r0 = to_f32(to_bf16(o0)), r1 = to_f32(to_bf16(o1));
     const float ss = warp_sum(lane < 8 && has_col ? r0 * r0 + r1 * r1 : 0.f);
     if (lane == 0) ss_w[warp] = ss;
+    if (Conv && threadIdx.x == 0) {
+      conv_last = arrived == Hv / Hk - 1;
+      if (conv_last) fence_acq_rel_gpu();  // the other CTAs' reads of the rows before the writes below
+    }
     __syncthreads();
     float tot = 0.f;
 #pragma unroll
@@ -617,6 +674,13 @@ __global__ void __launch_bounds__(kTokWarps * 32, 2) gdn_decode_token_kernel(
       pair.x = gdn_norm_out(r0, inv, w2.x, z2.x, norm.sigmoid_gate);
       pair.y = gdn_norm_out(r1, inv, w2.y, z2.y, norm.sigmoid_gate);
       *reinterpret_cast<__nv_bfloat162*>(dst) = pair;
+    }
+    if (Conv && conv_last) {  // the last CTA of the k-head: its q and k conv state rows
+      for (int i = threadIdx.x; i < cs.R * 2 * dk; i += kTokWarps * 32) {
+        const int j = i / (2 * dk), lc = i % (2 * dk);
+        cs.state[int64_t(j) * C + channel(lc)] = conv_rows[j][lc];
+      }
+      if (threadIdx.x == 0) conv.counters[s * Hk + kh] = 0;  // for the next launch
     }
   } else if (lane < 8 && has_col) {
     *reinterpret_cast<__nv_bfloat162*>(dst) = __floats2bfloat162_rn(o0, o1);
@@ -946,7 +1010,12 @@ namespace {
 bool g_gdn_pair = env_flag("DS_GDN_PAIR", true);
 bool g_gdn_token = env_flag("DS_GDN_TOKEN", true);
 bool g_gdn_mma = env_flag("DS_GDN_MMA", true);
+bool g_gdn_conv = env_flag("DS_GDN_CONV", true);
 }  // namespace
+
+bool gdn_conv_fused() { return g_gdn_conv; }
+bool gdn_conv_fits(int n_seqs, int Hv) { return int64_t(n_seqs) * Hv <= int64_t(kTokCtasPerSm) * sm_count(); }
+void set_gdn_conv_fused(bool on) { g_gdn_conv = on; }
 
 bool gdn_verify_mma() { return g_gdn_mma; }
 void set_gdn_verify_mma(bool on) { g_gdn_mma = on; }
@@ -965,8 +1034,9 @@ bool gdn_decode_norm_supported(int dk, int dv, int state_dtype) {
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm,
-                          int head_parts) {
+                          int head_parts, const GdnConv& conv) {
   if (n_seqs == 0) return;
+  DS_ASSERT(!conv.w || head_parts == kGdnOneToken, "GDN decode: the conv in the kernel needs the one-token kernel");
   DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadFewSeqsParts || head_parts == kGdnHeadPair ||
                 head_parts == kGdnOneToken || head_parts == kGdnVerifyMma,
             "GDN decode: %d row parts a head", head_parts);
@@ -983,13 +1053,28 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                   "GDN decode: the one-token kernel takes the gates' a and b, and even head dims up to %d (dk %d, "
                   "dv %d)",
                   kDecodeMaxK, dk, dv);
-        auto token = [&](auto full) {
-          launch_kernel("gdn_decode", gdn_decode_token_kernel<StateT, Norm, decltype(full)::value>, dim3(n_seqs, Hv),
-                        kTokWarps * 32, 0, s, qkv, gates, typed_state, out, cu_seqlens, n_past, slots, Hk, Hv, dk, dv,
-                        norm);
+        auto token = [&](auto full, auto conv_on) {
+          launch_kernel("gdn_decode",
+                        gdn_decode_token_kernel<StateT, Norm, decltype(full)::value, decltype(conv_on)::value>,
+                        dim3(n_seqs, Hv), kTokWarps * 32, 0, s, qkv, gates, typed_state, out, cu_seqlens, n_past,
+                        slots, Hk, Hv, dk, dv, norm, conv);
         };
-        if (dk == kDecodeMaxK && dv == kDecodeMaxK) token(std::true_type{});
-        else token(std::false_type{});
+        auto shaped = [&](auto conv_on) {
+          if (dk == kDecodeMaxK && dv == kDecodeMaxK) token(std::true_type{}, conv_on);
+          else token(std::false_type{}, conv_on);
+        };
+        if constexpr (Norm) {
+          if (conv.w) {
+            DS_ASSERT(conv.K >= 1 && conv.K <= kGdnConvMaxK && int64_t(n_seqs) * Hk <= kGdnConvCounters,
+                      "GDN decode: the conv in the kernel takes widths up to %d and %d (sequence, k-head) counters "
+                      "(width %d, %d sequences, %d k-heads)",
+                      kGdnConvMaxK, kGdnConvCounters, conv.K, n_seqs, Hk);
+            shaped(std::true_type{});
+            return;
+          }
+        }
+        DS_ASSERT(!conv.w, "GDN decode: the conv in the kernel needs the norm");
+        shaped(std::false_type{});
         return;
       }
       if (head_parts == kGdnVerifyMma) {

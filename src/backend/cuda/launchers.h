@@ -332,6 +332,29 @@ struct GdnNorm {
   float eps = 0.f;
   bool sigmoid_gate = false;
 };
+// The causal conv1d + SiLU (launch_conv1d_silu's math, bit for bit) that the one-token decode
+// kernel (kGdnOneToken, with a GdnNorm) may apply to its inputs itself: qkv is then the pre-conv
+// mixed rows bf16 [T, C], and the kernel also writes each sequence's new conv state. The CTAs of
+// a k-head's v-heads each read its q and k state rows, so they count their reads (counters: one
+// per (sequence, k-head), zero between launches) and the last to arrive writes those rows; each
+// CTA writes its own v channels' rows. w f32 [C, K], K <= kGdnConvMaxK; state bf16 [n_slots, K-1,
+// C]; counters i32 [kGdnConvCounters]. Off: w null (the conv is launch_conv1d_silu's, before).
+struct GdnConv {
+  const float* w = nullptr;
+  bf16* state = nullptr;
+  int* counters = nullptr;
+  int K = 0;
+};
+constexpr int kGdnConvMaxK = 4;
+constexpr int kGdnConvCounters = 4096;
+// Whether CudaOps gives decode steps a GdnConv (env DS_GDN_CONV = 1, the default | 0; tests may
+// switch it).
+bool gdn_conv_fused();
+void set_gdn_conv_fused(bool on);
+// Whether the one-token kernel's CTAs of n_seqs sequences of Hv heads fit one wave, where it takes
+// the conv (in a second wave the conv's loads before pdl_wait would no longer overlap the kernels
+// before).
+bool gdn_conv_fits(int n_seqs, int Hv);
 bool gdn_decode_supported(int dk);
 // Whether launch_gdn_recurrent can apply a GdnNorm (short chunks; the kernel of a CTA a head holds
 // the head's state of state_dtype in shared memory).
@@ -369,7 +392,7 @@ void set_gdn_decode_pair(bool on);
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {},
-                          int head_parts = kGdnHeadParts);
+                          int head_parts = kGdnHeadParts, const GdnConv& conv = {});
 
 // Gated delta rule prefill in chunks of 64 tokens on tensor cores (gdn_chunked.cu), same
 // contract as launch_gdn_recurrent for head dims up to 128 (gdn_chunked_supported). T: tokens

@@ -209,6 +209,16 @@ __device__ __forceinline__ int atomic_add_acq_rel_gpu(int* p, int v) {
   return old;
 }
 
+// *p += v at GPU scope with release order, returning the old value, which the thread waits for
+// only where it uses it (no acquire: later accesses may pass it). An arrival after a block
+// barrier, whose last arriver then takes fence_acq_rel_gpu before it writes what the others read.
+__device__ __forceinline__ int atomic_add_release_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
 // The GPU's nanosecond clock.
 __device__ __forceinline__ uint64_t globaltimer_ns() {
   uint64_t t;
