@@ -143,9 +143,10 @@ class CudaOps final : public Ops {
   // tiles and a gated-norm launch. env DS_GDN_VERIFY_HEAD = 1 (default) | 0.
   bool gdn_verify_head() const;
   // The GDN decode kernel of this step (launch_gdn_recurrent's head_parts): cuda::kGdnOneToken at
-  // decode steps; else the row parts a column of the kernel of a CTA a head (4 at decode steps of
-  // up to 2 sequences and where gdn_verify_head, else 2), or cuda::kGdnHeadPair (a CTA pair a head)
-  // at verify steps of 4 or more tokens whose pairs fit one wave.
+  // decode steps, cuda::kGdnVerifyMma at verify steps of the heads it takes; else the row parts a
+  // column of the kernel of a CTA a head (4 at decode steps of up to 2 sequences and where
+  // gdn_verify_head, else 2), or cuda::kGdnHeadPair (a CTA pair a head) at verify steps of 4 or
+  // more tokens whose pairs fit one wave.
   int gdn_head_parts(const GdnShape& sh) const;
   // The W4A16 (tiled) linear of x bf16 [T, K] into one output or the parts of a fused weight.
   // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone. out.norm: a
