@@ -271,7 +271,8 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   for (bool pair : {true, false})
   for (auto [Hk, Hv, dk, dv] : std::vector<std::array<int, 4>>{{2, 6, 16, 24}, {1, 3, 48, 80}, {1, 2, 128, 128}})
   for (StateDType sd : {StateDType::kF32, StateDType::kF16, StateDType::kBF16}) {
-    if (mma && !cuda::gdn_verify_mma_supported(dk, dv, sd == StateDType::kF16 ? 1 : 0)) continue;  // as with it off
+    const int state_code = sd == StateDType::kF32 ? 0 : sd == StateDType::kF16 ? 1 : 2;
+    if (mma && !cuda::gdn_verify_mma_supported(dk, dv, state_code)) continue;  // as with it off
     cuda::set_gdn_verify_mma(mma);
     cuda::set_gdn_decode_pair(pair);
     cuda::set_gdn_decode_token(token);

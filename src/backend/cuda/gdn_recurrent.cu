@@ -726,9 +726,6 @@ __device__ __forceinline__ uint32_t half2_bits(float x, float y) {
   const __half2 h = __floats2half2_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
-__device__ __forceinline__ float2 half2_f32(uint32_t w) {
-  return __half22float2(*reinterpret_cast<const __half2*>(&w));
-}
 
 // One (sequence, head) of T <= MT tokens (MT 8 or 16). A lane holds the tokens g4 + 8 i (i <
 // MT / 8) and the columns 16 warp + 8 nb + 2 t4, + 1 (nb 0, 1) of the accumulator layout.
@@ -959,7 +956,7 @@ __device__ __forceinline__ void gdn_verify_body(VerifySmem& sm, const bf16* qkv,
     }
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-      const float2 lo = half2_f32(sf[j2][2 * hi]), up = half2_f32(sf[j2][2 * hi + 1]);
+      const float2 lo = state_pair_f32<__half>(sf[j2][2 * hi]), up = state_pair_f32<__half>(sf[j2][2 * hi + 1]);
       float c[4] = {decay_end * lo.x, decay_end * lo.y, decay_end * up.x, decay_end * up.y};
       if constexpr (kTiles == 1) {
         mma_f16_k8(c, ea[0][0], ea[0][1], kb[hi][0]);
