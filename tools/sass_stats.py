@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Helpers of tools/sass.sh (dev tool only).
+
+retag IN OUT: a copy of an sm_90 cubin from CUDA 13's ptxas with the ELF header that CUDA 11.8
+  wrote for sm_90 (OS ABI 0x33, ABI version 7, flags 0x5a055a), so 11.8's nvdisasm reads it.
+loops SASS [KERNEL] [--demangle CUFILT] [--min N]: for each kernel of `nvdisasm -c` output whose
+  mangled name holds KERNEL, its instruction count and, for each loop of at least N instructions
+  (16 by default; a branch back to a label, innermost first), its instructions by opcode. A loop
+  here is any such range: the retry branches of waits (a few instructions) are left out by N, and
+  a range may hold paths taken on different iterations (a stage's whole and short forms), so read
+  the SASS for which runs when.
+"""
+import collections
+import re
+import struct
+import subprocess
+import sys
+
+
+def retag(src, dst):
+    b = bytearray(open(src, 'rb').read())
+    if b[:4] != b'\x7fELF':
+        sys.exit(f'{src}: not an ELF file')
+    flags = struct.unpack_from('<I', b, 48)[0]
+    if b[7] == 0x33 and flags == 0x5A055A:
+        pass  # already in 11.8's form
+    elif b[7] != 0x41 or b[8] != 8:
+        sys.exit(f'{src}: an ELF header this script does not know (OS ABI {b[7]:#x}, ABI version {b[8]})')
+    b[7], b[8] = 0x33, 7
+    struct.pack_into('<I', b, 48, 0x5A055A)
+    open(dst, 'wb').write(b)
+
+
+def kernels(text):
+    for part in re.split(r'\n(?=\s*\.section\s+\.text\.)', text):
+        m = re.search(r'\.section\s+\.text\.(\S+?),', part)
+        if m:
+            yield m.group(1), part
+
+
+def instructions(part):
+    """(address, text) of each instruction, and each label's address."""
+    ins, labels, pending = [], {}, []
+    for line in part.splitlines():
+        lab = re.match(r'\s*(\.L_x_\d+):', line)
+        if lab:
+            pending.append(lab.group(1))
+            continue
+        m = re.match(r'\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;', line)
+        if m:
+            addr = int(m.group(1), 16)
+            for p in pending:
+                labels[p] = addr
+            pending = []
+            ins.append((addr, m.group(2)))
+    return ins, labels
+
+
+def opcode(text):
+    text = re.sub(r'^@!?U?P[T\d]+\s+', '', text)
+    return text.split()[0].split('.')[0]
+
+
+def loops(path, pattern, cufilt, least):
+    text = open(path).read()
+    found = False
+    for name, part in kernels(text):
+        if pattern and pattern not in name:
+            continue
+        found = True
+        shown = name
+        if cufilt:
+            shown = subprocess.run([cufilt, name], capture_output=True, text=True).stdout.strip() or name
+        ins, labels = instructions(part)
+        print(f'== {shown}\n   {len(ins)} instructions')
+        spans = []
+        for addr, t in ins:
+            b = re.search(r'\bBRA\b.*`\((\.L_x_\d+)\)', t)
+            if b and b.group(1) in labels and labels[b.group(1)] <= addr:
+                spans.append((labels[b.group(1)], addr))
+        for begin, end in sorted(set(spans), key=lambda s: s[1] - s[0]):
+            body = [t for a, t in ins if begin <= a <= end]
+            if len(body) < least:
+                continue
+            count = collections.Counter(opcode(t) for t in body)
+            ops = ' '.join(f'{k} {v}' for k, v in count.most_common())
+            print(f'   loop {begin:#06x}-{end:#06x}: {len(body)}: {ops}')
+    if not found:
+        sys.exit(f'{path}: no kernel whose mangled name holds {pattern!r}')
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) == 3 and args[0] == 'retag':
+        retag(args[1], args[2])
+    elif len(args) >= 2 and args[0] == 'loops':
+        opts = {'--demangle': None, '--min': '16'}
+        for key in opts:
+            if key in args:
+                i = args.index(key)
+                opts[key] = args[i + 1]
+                del args[i:i + 2]
+        loops(args[1], args[2] if len(args) > 2 else '', opts['--demangle'], int(opts['--min']))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == '__main__':
+    main()
