@@ -47,7 +47,9 @@ struct GemvSettingsRestored {
   bool x_smem = cuda::w4a16_gemv_x_smem();
   bool wide = cuda::w4a16_gemv_wide();
   bool f16 = cuda::w4a16_gemv_f16();
+  bool l2_weights = cuda::w4a16_l2_weights();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_l2_weights(l2_weights);
     cuda::set_w4a16_gemv_f16(f16);
     cuda::set_w4a16_gemv_wide(wide);
     cuda::set_w4a16_gemv_x_smem(x_smem);
@@ -946,12 +948,14 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
   struct Config {
     bool pdl, tma, x_smem;
     const char* name;
+    bool l2_weights = false;  // the weights from an L2 window (cuda::w4a16_l2_weights; results wrong)
   };
   const std::vector<Config> loops = {{false, false, true, "regs plain"},
                                      {true, false, true, "regs pdl"},
                                      {false, true, true, "tma plain"},
                                      {true, true, true, "tma pdl"},
-                                     {true, true, false, "tma pdl, x not in smem"}};
+                                     {true, true, false, "tma pdl, x not in smem"},
+                                     {true, true, true, "tma pdl, weights from L2", true}};
   const int reps = 50;
   // step_us[config][fused][T == 8]
   std::vector<std::array<std::array<double, 2>, 2>> step_us(loops.size());
@@ -976,10 +980,11 @@ TEST_F(CudaLinearQuantTest, TimingAt27BShapes) {
         cuda::set_pdl_enabled(loops[li].pdl);
         cuda::set_w4a16_gemv_tma(loops[li].tma);
         cuda::set_w4a16_gemv_x_smem(loops[li].x_smem);
+        cuda::set_w4a16_l2_weights(loops[li].l2_weights);
         for (int T : {1, 8, 16, 17, 64, 512}) {
           // Longer steps: one shape, PDL on.
           if (T > 16 && ((li != 1 && li != 3) || std::string(l.name) != "mlp gate/up")) continue;
-          if (!loops[li].x_smem && T > 8) continue;  // a setting for one token tile
+          if ((!loops[li].x_smem || loops[li].l2_weights) && T > 8) continue;  // settings for one token tile
           Tensor x = gpu->alloc(DType::kBF16, {T, l.K});
           gpu->fill_random(x, 0.f, 1.f, 300);
           Tensor out = gpu->alloc(DType::kBF16, {T, l.N});

@@ -186,6 +186,15 @@ bool w4a16_gemv_takes_f16(int T);
 // Whether unsplit launches of T tokens read a producer's fp16 copy of their inputs (x_f16 of
 // launch_w4a16_gemv) where there is one: 1-8 tokens, as w4a16_gemv_f16 allows (no conversion).
 bool w4a16_gemv_reads_f16_copy(int T);
+// Diagnostic, results wrong: on, every W4A16 GEMV launch of the one-tile kernels (1-8 tokens, and
+// more without the wide kernel) reads row block r's unit u from unit r + u of its weight: real
+// units of the weight, other rows' (so the sums keep their size), from a window of row blocks +
+// units units that stays in L2 once read. A launch then runs at the pace its warps take the
+// stages rather than at the pace DRAM delivers them, in place, with the kernels around it as they
+// are: a benchmark or trace beside one without it tells how much of each GEMV's time the memory
+// sets. env DS_W4A16_L2_WEIGHTS = 0 (default) | 1, warned about once when used; tests may switch it.
+bool w4a16_l2_weights();
+void set_w4a16_l2_weights(bool on);
 // Whether launches of 9 to 64 tokens take the TMA kernel whose blocks share their inputs
 // (qgemv_wide.cuh) rather than the one-tile kernel. env DS_W4A16_WIDE = 1 (default) | 0; tests
 // may switch it.

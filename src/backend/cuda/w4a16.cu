@@ -32,6 +32,7 @@
 #include "backend/cuda/qgemv_kernel.cuh"
 #include "backend/cuda/qgemv_tma.cuh"
 #include "backend/cuda/qgemv_wide.cuh"
+#include "core/log.h"
 
 #ifdef DS_GEMV_STAMPS
 #include <cstdio>
@@ -228,6 +229,7 @@ int g_tma = -1;
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
 bool g_f16 = env_flag("DS_W4A16_F16", true);
 bool g_wide = env_flag("DS_W4A16_WIDE", true);
+bool g_l2_weights = env_flag("DS_W4A16_L2_WEIGHTS", false);
 
 // -1: the default of w4a16_gemv_tokens.
 int g_tokens = [] {
@@ -370,6 +372,8 @@ bool w4a16_gemv_x_smem() { return g_x_smem; }
 void set_w4a16_gemv_x_smem(bool on) { g_x_smem = on; }
 bool w4a16_gemv_f16() { return g_f16; }
 void set_w4a16_gemv_f16(bool on) { g_f16 = on; }
+bool w4a16_l2_weights() { return g_l2_weights; }
+void set_w4a16_l2_weights(bool on) { g_l2_weights = on; }
 // At 5-8 tokens too: verify 8 at 4k 6.187-6.208 ms against 6.237-6.251 with copies at 1-4 tokens
 // only, gate_up 30.60 against 31.97 us a launch (H200, docs/perf/2026-12-04-s45-cuda-27b.md).
 bool w4a16_gemv_reads_f16_copy(int T) {
@@ -446,7 +450,13 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   DS_ASSERT(!x_f16 || (gate == GemvGate::kNone && aligned16(x_f16) && w4a16_gemv_reads_f16_copy(T)),
             "W4A16 GEMV: an fp16 copy of the whole input, at %d tokens", T);
   const OutParts parts = out_parts(out, N);
-  const W4Tiled w = tiled_weight(tiled, K, group);
+  W4Tiled w = tiled_weight(tiled, K, group);
+  if (g_l2_weights && (a8.on || !takes_wide(T))) {  // the wide kernel's tensor map takes the true layout
+    static bool warned = false;
+    if (!warned) DS_LOG_WARN("cuda", "DS_W4A16_L2_WEIGHTS: W4A16 weights read from an L2 window; results are wrong");
+    warned = true;
+    w.n_units = 1;  // row block r's unit u is unit r + u of the weight (w4a16_l2_weights)
+  }
   if (a8.on) {
     constexpr int kMinBlocks = Kernel<1, 8>::TmaMinBlocks;
     if (a8.q && splits == 1) qgemv::launch_tma_twin<kMinBlocks>(w, a8, parts, partial, counters, T, N, K, s);
