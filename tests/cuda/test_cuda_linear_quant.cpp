@@ -291,6 +291,41 @@ TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
   }
 }
 
+// The diagnostic cuda::w4a16_l2_weights: a one-tile launch reads row block r's unit u (16 rows x
+// 256 columns at group 128, with their scales) from unit r + u of the weight, counted row block by
+// row block, and nothing outside the weight. Against the CPU linear of that aliased weight, for a
+// split and an unsplit (narrow blocks) shape, at 1, 3 and 8 tokens. The wide kernel keeps the true
+// layout.
+TEST_F(CudaLinearQuantTest, L2WeightsDiagnosticReadsItsWindow) {
+  const GemvSettingsRestored restore;
+  constexpr int kUnitCols = 256;  // 4 chunks of 64 columns
+  for (auto [N, K] : {std::pair{64, 1024}, std::pair{30000, 512}}) {
+    W4Case c = make_w4(*gpu, rng, N, K, 128);
+    const int units = K / kUnitCols;
+    std::vector<float> aliased(size_t(N) * K);  // f32 [N, K]: the weight the diagnostic reads
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k) {
+        const int window = n / 16 + k / kUnitCols, rb = window / units, u = window % units;
+        aliased[size_t(n) * K + k] = c.dense[size_t(16 * rb + n % 16) * K + u * kUnitCols + k % kUnitCols];
+      }
+    Tensor w_cpu = cpu.upload(aliased.data(), DType::kF32, {N, K}, DType::kF32);
+    for (int T : {1, 3, 8}) {
+      const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T);
+      const std::vector<float> x = random_bf16(size_t(T) * K, rng);
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+      Tensor oc = cpu.scratch(DType::kF32, {T, N}), og = gpu->scratch(DType::kBF16, {T, N});
+      cpu.linear(xc, w_cpu, oc);
+      cuda::set_w4a16_l2_weights(true);
+      gpu->linear_weight(xg, c.gpu_w, og);
+      cuda::set_w4a16_l2_weights(false);
+      EXPECT_LE(rel_rms(download(og), std::vector<float>(oc.f32(), oc.f32() + oc.numel())), 5e-3) << what;
+      gpu->reset_scratch();
+      cpu.reset_scratch();
+    }
+  }
+}
+
 // W4A8 (LinearWeight::act_int8): the one-tile TMA GEMV rounds its staged inputs to int8, each
 // token's 64-column chunk with its own scale, and sums on int8 tensor cores. Against the CPU twin
 // (the same weight, dense, with act_int8: ops/act_int8.h rounds its inputs; bf16 activations, so a
