@@ -27,9 +27,10 @@ if [ "${1:-}" = "--pack-alt" ]; then
   rm -rf "build-alt/$rev" && mkdir -p "build-alt/$rev/src"
   git archive "$rev" | tar -x -C "build-alt/$rev/src"
   cmake -S "build-alt/$rev/src" -B "build-alt/$rev/build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
-  cmake --build "build-alt/$rev/build" -j"$(nproc)" --target deltaserve test_cuda_ops
+  cmake --build "build-alt/$rev/build" -j"$(nproc)" --target deltaserve test_cuda_ops test_cuda_model
   rm -rf ".devbuild-alt/$rev" && mkdir -p ".devbuild-alt/$rev"
-  cp "build-alt/$rev/build/tests/test_cuda_ops" "build-alt/$rev/build/deltaserve" ".devbuild-alt/$rev/"
+  cp "build-alt/$rev/build/tests/test_cuda_ops" "build-alt/$rev/build/tests/test_cuda_model" \
+    "build-alt/$rev/build/deltaserve" ".devbuild-alt/$rev/"
   du -sh .devbuild-alt/*
   exit 0
 fi
@@ -132,9 +133,10 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
   [ -n "$CUOBJDUMP" ] && "$CUOBJDUMP" -sass .devbuild/deltaserve 2>/dev/null \
     | awk '/Function : /{keep = /qgemv/} keep' > "$LOG/sass_qgemv.txt"
-  # Experiment builds (--pack-alt): their GEMV tests and timings, their decode at 1k (once per
-  # setting in DS_ALT_AB_<REV>, else DS_ALT_AB, NAME:VAR=VALUE[,...], default one run), and the
-  # SASS of their GEMVs.
+  # Experiment builds (--pack-alt): their GEMV tests and timings, their model tests (a change to
+  # the model's path shows there, not in the op tests, which build their own inputs), their decode
+  # at 1k (once per setting in DS_ALT_AB_<REV>, else DS_ALT_AB, NAME:VAR=VALUE[,...], default one
+  # run), and the SASS of their GEMVs.
   for dir in .devbuild-alt/*/; do
     [ -x "$dir/deltaserve" ] || continue
     alt=$(basename "$dir")
@@ -143,6 +145,10 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     if [ "${DS_ALT_TESTS:-1}" != 0 ]; then  # env DS_ALT_TESTS=0: their decode only
       timeout 300 "$dir/test_cuda_ops" --gtest_filter='CudaLinearQuantTest.*' > "$LOG/alt_$alt.log" 2>&1 || {
         status=1; echo "alt $alt: CudaLinearQuantTest failed" >> "$LOG/failed.txt"; }
+      if [ -x "$dir/test_cuda_model" ]; then
+        timeout 300 "$dir/test_cuda_model" > "$LOG/alt_${alt}_model.log" 2>&1 || {
+          status=1; echo "alt $alt: test_cuda_model failed" >> "$LOG/failed.txt"; }
+      fi
     fi
     for cfg in ${!settings:-${DS_ALT_AB:-default}}; do
       over "alt $alt $cfg" && continue
