@@ -133,8 +133,8 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   CUOBJDUMP=$(command -v cuobjdump || ls /usr/local/cuda/bin/cuobjdump 2>/dev/null || true)
   [ -n "$CUOBJDUMP" ] && "$CUOBJDUMP" -sass .devbuild/deltaserve 2>/dev/null \
     | awk '/Function : /{keep = /qgemv/} keep' > "$LOG/sass_qgemv.txt"
-  # Experiment builds (--pack-alt): their GEMV tests and timings, their model tests (a change to
-  # the model's path shows there, not in the op tests, which build their own inputs), their decode
+  # Experiment builds (--pack-alt): their GEMV and GDN tests and timings, their model tests (a change
+  # to the model's path shows there, not in the op tests, which build their own inputs), their decode
   # at 1k (once per setting in DS_ALT_AB_<REV>, else DS_ALT_AB, NAME:VAR=VALUE[,...], default one
   # run), and the SASS of their GEMVs.
   for dir in .devbuild-alt/*/; do
@@ -145,6 +145,9 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     if [ "${DS_ALT_TESTS:-1}" != 0 ]; then  # env DS_ALT_TESTS=0: their decode only
       timeout 300 "$dir/test_cuda_ops" --gtest_filter='CudaLinearQuantTest.*' > "$LOG/alt_$alt.log" 2>&1 || {
         status=1; echo "alt $alt: CudaLinearQuantTest failed" >> "$LOG/failed.txt"; }
+      # The GDN kernels' tests too (the producers of out_proj's input).
+      timeout 200 "$dir/test_cuda_ops" --gtest_filter='CudaOpsTest.*Gdn*' > "$LOG/alt_${alt}_gdn.log" 2>&1 || {
+        status=1; echo "alt $alt: CudaOpsTest.*Gdn* failed" >> "$LOG/failed.txt"; }
       if [ -x "$dir/test_cuda_model" ]; then
         timeout 300 "$dir/test_cuda_model" > "$LOG/alt_${alt}_model.log" 2>&1 || {
           status=1; echo "alt $alt: test_cuda_model failed" >> "$LOG/failed.txt"; }
