@@ -51,7 +51,7 @@ if [ "${1:-}" = "--tar" ]; then
   # .devbuild-alt together exceed the device's 64 MiB carry limit (the tracked tree alone is about
   # 35 MiB); unpacked there on start. Files of one name side by side and xz's 64 MiB dictionary:
   # the builds share most of their bytes (each binary holds every kernel), so main and five
-  # alternates packed into 15 MB against 57 MB as a plain tar.xz (s50).
+  # alternates packed into 18 MB against 57 MB as a plain tar.xz (s50).
   find .devbuild $([ -d .devbuild-alt ] && echo .devbuild-alt) -type f | awk -F/ '{print $NF "\t" $0}' | sort \
     | cut -f2 | tar cf - -T - | xz -9e -T1 > .devpack.tar.xz
   ls -la .devpack.tar.xz
