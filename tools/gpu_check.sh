@@ -5,8 +5,9 @@
 # under compute-sanitizer), then the benchmarks, and prints a short table last. $OUT gets two
 # files: table.txt and gpu_check_logs.tgz (every log and JSON result).
 #   here:   tools/gpu_check.sh --pack          (builds, copies the GPU binaries to .devbuild/)
-#           tools/gpu_check.sh --pack-alt REV  (optional, repeatable: builds commit REV apart, into
-#                                               .devbuild-alt/REV/)
+#           tools/gpu_check.sh --pack-alt REV [NAME]  (optional, repeatable: builds commit REV
+#                                               apart, into .devbuild-alt/NAME/, NAME REV's short
+#                                               hash unless given: tools/gpu_ab.sh's BUILD)
 #           tools/gpu_check.sh --pack-stamps   (optional: deltaserve with the GEMV block stamps of
 #                                               gemv_stamps.cuh, as .devbuild/deltaserve-stamps)
 #           tools/gpu_check.sh --tar           (optional: both in .devpack.tar.xz, to carry instead)
@@ -20,17 +21,22 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--pack-alt" ]; then
   # Another commit's binaries (an experiment branch), for the tests phase to run its GEMV tests
-  # and decode benchmark beside this tree's: .devbuild-alt/REV/, built in build-alt/REV/ (a tree
-  # per commit: git archive gives files the commit's time, which ninja would not see as newer).
+  # and decode benchmark beside this tree's: .devbuild-alt/NAME/ (the name the A/B settings give
+  # as their build), built in build-alt/REV/ (a tree per commit: git archive gives files the
+  # commit's time, which ninja would not see as newer).
   set -e
-  rev=$(git rev-parse --short "${2:?usage: tools/gpu_check.sh --pack-alt REV}")
+  rev=$(git rev-parse --short "${2:?usage: tools/gpu_check.sh --pack-alt REV [NAME]}")
+  name=${3:-$rev}
+  # (a shell name's characters: the tests phase reads DS_ALT_AB_NAME)
+  [[ "$name" =~ ^[A-Za-z0-9_]+$ ]] || { echo "--pack-alt: NAME in letters, digits and '_'" >&2; exit 1; }
   rm -rf "build-alt/$rev" && mkdir -p "build-alt/$rev/src"
   git archive "$rev" | tar -x -C "build-alt/$rev/src"
   cmake -S "build-alt/$rev/src" -B "build-alt/$rev/build" -G Ninja -DCMAKE_BUILD_TYPE=Release > /dev/null
   cmake --build "build-alt/$rev/build" -j"$(nproc)" --target deltaserve test_cuda_ops test_cuda_model
-  rm -rf ".devbuild-alt/$rev" && mkdir -p ".devbuild-alt/$rev"
+  rm -rf ".devbuild-alt/$name" && mkdir -p ".devbuild-alt/$name"
   cp "build-alt/$rev/build/tests/test_cuda_ops" "build-alt/$rev/build/tests/test_cuda_model" \
-    "build-alt/$rev/build/deltaserve" ".devbuild-alt/$rev/"
+    "build-alt/$rev/build/deltaserve" ".devbuild-alt/$name/"
+  echo "$rev" > ".devbuild-alt/$name/REV"
   du -sh .devbuild-alt/*
   exit 0
 fi
@@ -139,7 +145,7 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
     | awk '/Function : /{keep = /qgemv/} keep' > "$LOG/sass_qgemv.txt"
   # Experiment builds (--pack-alt): their GEMV and GDN tests and timings, their model tests (a change
   # to the model's path shows there, not in the op tests, which build their own inputs), their decode
-  # at 1k (once per setting in DS_ALT_AB_<REV>, else DS_ALT_AB, NAME:VAR=VALUE[,...], default one
+  # at 1k (once per setting in DS_ALT_AB_<NAME>, else DS_ALT_AB, NAME:VAR=VALUE[,...], default one
   # run), and the SASS of their GEMVs.
   for dir in .devbuild-alt/*/; do
     [ -x "$dir/deltaserve" ] || continue
