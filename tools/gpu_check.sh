@@ -254,7 +254,7 @@ for f in "$LOG"/ab_*.txt; do
 done
 for f in "$LOG"/alt_*.log; do
   [ -e "$f" ] || continue
-  echo "== experiment build $(basename "$f" .log | sed 's/^alt_//'): GEMV tests and step sums =="
+  echo "== experiment build $(basename "$f" .log | sed 's/^alt_//'): tests (GEMV, _gdn, _model) and step sums =="
   grep -E "^\[  (PASSED|FAILED)|decode-step linears|int8 lm_head" "$f"
 done
 [ -f "$LOG/skipped.txt" ] && { echo "== skipped (DS_DEADLINE) =="; cat "$LOG/skipped.txt"; }
