@@ -44,9 +44,8 @@ Int8Twin Qwen35Model::int8_twin(int64_t T, bool wanted) {
   return {ops_.scratch(DType::kI8, {T, H}), ops_.scratch(DType::kF32, {T, H / 64})};
 }
 
-Tensor Qwen35Model::half_copy(int64_t T) {
-  const int64_t H = cfg_.hidden_size;
-  return ops_.makes_half_copy(T, H) ? ops_.scratch(DType::kF16, {T, H}) : Tensor{};
+Tensor Qwen35Model::half_copy(int64_t T, int64_t D) {
+  return ops_.makes_half_copy(T, D) ? ops_.scratch(DType::kF16, {T, D}) : Tensor{};
 }
 
 CacheGeometry Qwen35Model::cache_geometry(int n_blocks, int block_size, int n_slots) const {
@@ -96,10 +95,11 @@ void Qwen35Model::gdn_block(const LayerWeights& L, const NormedAct& in, Tensor x
   // [q | k | v] = silu(causal_conv1d(mixed_qkv)); gates g = -exp(A_log) softplus(a + dt_bias),
   // beta = sigmoid(b), the delta rule, then each v-head's output RMS-normed and gated by z
   Tensor normed = act({T, Hv * dv});
+  Tensor normed_half = half_copy(T, Hv * dv);  // its fp16 copy where the backend makes one, for out_proj
   ops_.conv_gdn_norm(mixed_qkv, w.conv1d, a, b, w.a_log, w.dt_bias, shape, L.cache_index, z, w.norm,
-                     cfg_.rms_norm_eps, cfg_.output_gate_sigmoid, normed);
+                     cfg_.rms_norm_eps, cfg_.output_gate_sigmoid, normed, &normed_half);
   ops_.linear_add_rms_norm(normed, nullptr, GateAct::kSiluMul, w.out_proj, x, next.w, cfg_.rms_norm_eps, next.ss, out,
-                           next.twin, next.half);
+                           next.twin, next.half, normed_half);
 }
 
 // Gated full attention on in (act [T, H]); its o_proj is added to x.
@@ -136,9 +136,10 @@ void Qwen35Model::mlp_block(const LayerWeights& L, const NormedAct& in, Tensor x
   Tensor up = act({T, I});
   if (m.gate_up.groups.size() == 1) {  // one fused weight (kGateUp): silu(gate) * up where its GEMV makes it
     Tensor gated = act({T, I});
-    ops_.linear_swiglu(in.h, m.gate_up.groups[0].w, gate, up, gated, in.scale);
+    Tensor gated_half = half_copy(T, I);  // its fp16 copy where the backend makes one, for down_proj
+    ops_.linear_swiglu(in.h, m.gate_up.groups[0].w, gate, up, gated, in.scale, &gated_half);
     ops_.linear_add_rms_norm(gated, nullptr, GateAct::kSiluMul, m.down_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
-                             out, next.twin, next.half);
+                             out, next.twin, next.half, gated_half);
     return;
   }
   linear(in, m.gate_up, {gate, up});
@@ -157,7 +158,7 @@ void Qwen35Model::decoder_layer(const LayerWeights& L, const NormedAct& in, Tens
   const size_t mark = ops_.scratch_mark();
   NormedAct mid{act({T, H}), {}};  // the post-attention norm
   const NextNorm post{L.post_attn_norm, ops_.scratch(DType::kF32, {ops_.norm_parts(H), T}),
-                      int8_twin(T, reads_int8(L.mlp.gate_up)), half_copy(T)};
+                      int8_twin(T, reads_int8(L.mlp.gate_up)), half_copy(T, H)};
   if (L.type == LayerType::kLinearAttention) gdn_block(L, in, x, post, mid);
   else attention_block(L, in, x, post, mid);
   mlp_block(L, mid, x, next, out);
@@ -185,14 +186,16 @@ Tensor Qwen35Model::forward(const StepPlan& plan, Tensor* hidden_out) {
     bool mixers_int8 = false;
     for (const LayerWeights& L : w_.layers) mixers_int8 = mixers_int8 || reads_int8(mixer_in(L));
     const Int8Twin twins[2] = {int8_twin(T, mixers_int8), int8_twin(T, mixers_int8)};
+    // The fp16 copies of the layers' input norms where the backend makes them (half_copy), which the
+    // mixers' first linears read (CUDA's W4A16 GEMV stages them as they are), alternating as normed.
+    const Tensor halves[2] = {half_copy(T, H), half_copy(T, H)};
     const size_t n = w_.layers.size();
     ops_.rms_norm(x, n > 0 ? w_.layers[0].input_norm : w_.final_norm, cfg_.rms_norm_eps, normed[0].h);
     for (size_t i = 0; i < n; ++i) {
       const bool last = i + 1 == n;
       const bool twin = !last && reads_int8(mixer_in(w_.layers[i + 1]));
-      // No fp16 copy (half_copy): only the post-attention norm's, for gate_up, is read.
       const NextNorm next{last ? w_.final_norm : w_.layers[i + 1].input_norm, last ? Tensor{} : sums[(i + 1) % 2],
-                          twin ? twins[(i + 1) % 2] : Int8Twin{}, Tensor{}};
+                          twin ? twins[(i + 1) % 2] : Int8Twin{}, last ? Tensor{} : halves[(i + 1) % 2]};
       decoder_layer(w_.layers[i], normed[i % 2], x, next, normed[(i + 1) % 2]);
     }
     Tensor hn = normed[n % 2].h;  // the final norm: never left to the linears (NextNorm)

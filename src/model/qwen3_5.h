@@ -152,9 +152,10 @@ class Qwen35Model {
   // Scratch for the int8 twin of a pre-norm of T rows (Ops::linear_add_rms_norm) where `wanted`
   // (the linears after it read int8 inputs) and the backend makes twins; else empty.
   Int8Twin int8_twin(int64_t T, bool wanted);
-  // Scratch for the fp16 copy of a pre-norm of T rows (RowScale::half) where the backend makes them;
-  // else empty.
-  Tensor half_copy(int64_t T);
+  // Scratch f16 [T, D] for the fp16 copy of a pre-norm (RowScale::half), of the MLP's gated
+  // product (linear_swiglu) or of the GDN's normed output (conv_gdn_norm) where the backend makes
+  // them; else empty.
+  Tensor half_copy(int64_t T, int64_t D);
   // outs[i] act [T, rows[i]] = in act [T, K] . (part i of w)^T; one Ops::linear_parts per group.
   void linear(const NormedAct& in, const FusedLinear& w, std::initializer_list<Tensor> outs);
 

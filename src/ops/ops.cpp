@@ -72,7 +72,9 @@ void Ops::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, T
   linear_weight(gated_input(a, b, act), w, out);
 }
 
-void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out, const RowScale& scale) {
+void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out, const RowScale& scale,
+                        Tensor* half) {
+  if (half) *half = {};
   const Tensor parts[2] = {gate, up};
   linear_parts(x, w, parts, false, scale);
   silu_mul(gate, up, out);
@@ -80,7 +82,7 @@ void Ops::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up,
 
 void Ops::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
                               Tensor norm_w, float eps, Tensor /*ss*/, NormedAct& out, Int8Twin /*twin*/,
-                              Tensor /*half*/) {
+                              Tensor /*half*/, Tensor /*a_half*/) {
   const int64_t T = x.dim(0), D = x.dim(1);
   DS_ASSERT(rows_of(w) == D && out.h.numel() == T * D, "linear_add_rms_norm: %lld rows for x%s, out%s",
             static_cast<long long>(rows_of(w)), x.shape_str().c_str(), out.h.shape_str().c_str());
@@ -102,7 +104,8 @@ void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Ten
 
 void Ops::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                                     const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps,
-                                    bool sigmoid_gate, Tensor out) {
+                                    bool sigmoid_gate, Tensor out, Tensor* half) {
+  if (half) *half = {};
   const int64_t T = a.dim(0), Hv = shape.n_v_heads, dv = shape.v_head_dim;
   Tensor core = scratch(act_dtype(), {T, Hv, dv});
   gdn_gates_delta_rule(qkv, a, b, a_log, dt_bias, shape, state_layer, core);
@@ -111,10 +114,10 @@ void Ops::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log
 
 void Ops::conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                         const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
-                        Tensor out) {
+                        Tensor out, Tensor* half) {
   Tensor qkv = scratch(act_dtype(), {mixed.dim(0), mixed.dim(1)});  // silu(causal_conv1d(mixed)) = [q | k | v]
   conv1d_silu(mixed, conv_w, state_layer, qkv);
-  gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, shape, state_layer, z, norm_w, eps, sigmoid_gate, out);
+  gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, shape, state_layer, z, norm_w, eps, sigmoid_gate, out, half);
 }
 
 void Ops::attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim, double theta,

@@ -188,9 +188,11 @@ class Ops {
   // [T, K] . W^T for w [2I, K] (rows gate then up: the MLP's fused gate_up, WeightRole::kGateUp),
   // each rounded to act first (scale: as linear_parts'). The default runs linear_parts into gate
   // and up, then silu_mul; a backend may never write them (CUDA's GEMV computes the product in
-  // its epilogue).
+  // its epilogue). half (optional): a buffer f16 [T, I] (where makes_half_copy(T, I)) the backend
+  // fills with out's fp16 copy / 16 for the linear that reads out (linear_add_rms_norm's a_half),
+  // or empties where it makes none (the default).
   virtual void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out,
-                             const RowScale& scale = {});
+                             const RowScale& scale = {}, Tensor* half = nullptr);
   // out act [T, N] *= 1 / sqrt(sum_p s.ss[p, t] / D + s.eps) for each row t (RowScale).
   virtual void scale_rows(Tensor out, const RowScale& s, int64_t D) = 0;
   // x act [R, D] += y act [R, D]
@@ -212,13 +214,15 @@ class Ops {
   // CudaOps); the default runs the three ops and leaves out.scale empty. twin: buffers (where
   // makes_int8_twin) the backend fills with out.h's int8 twin when it defers the norm
   // (out.scale.twin then names them); half: likewise f16 [T, D] (where makes_half_copy) for out.h's
-  // fp16 copy / 16 (out.scale.half).
+  // fp16 copy / 16 (out.scale.half). a_half (b null): a's fp16 copy / 16 made by its producer
+  // (linear_swiglu's half), which the backend may read instead of a, or empty.
   virtual void linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
                                    Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin = {},
-                                   Tensor half = {});
+                                   Tensor half = {}, Tensor a_half = {});
   // Whether linear_add_rms_norm of T rows of width D can make an int8 twin (Int8Twin).
   virtual bool makes_int8_twin(int64_t T, int64_t D) const { return false; }
-  // Whether linear_add_rms_norm of T rows of width D can make an fp16 copy (RowScale::half).
+  // Whether linear_add_rms_norm (RowScale::half), linear_swiglu or gdn_gates_delta_rule_norm of T
+  // rows of width D can make an fp16 copy.
   virtual bool makes_half_copy(int64_t T, int64_t D) const { return false; }
   // out act [T, I] = silu(gate) * up; gate, up act [T, I]
   virtual void silu_mul(Tensor gate, Tensor up, Tensor out) = 0;
@@ -247,16 +251,19 @@ class Ops {
   virtual void gated_rms_norm(Tensor x, Tensor z, Tensor w, float eps, bool sigmoid_gate, Tensor out) = 0;
   // gdn_gates_delta_rule, then gated_rms_norm of each v-head's output (rows of dv) with z: one op
   // where a backend normalises inside the delta-rule kernel (CUDA at decode). z act [T, Hv*dv];
-  // norm_w f32 [dv]; out act [T, Hv*dv]; the rest as gdn_gates_delta_rule.
+  // norm_w f32 [dv]; out act [T, Hv*dv]; the rest as gdn_gates_delta_rule. half (optional): a
+  // buffer f16 [T, Hv*dv] (where makes_half_copy(T, Hv*dv)) the backend fills with out's fp16 copy
+  // / 16 for the linear that reads out (linear_add_rms_norm's a_half), or empties where it makes
+  // none (the default).
   virtual void gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                                          const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps,
-                                         bool sigmoid_gate, Tensor out);
+                                         bool sigmoid_gate, Tensor out, Tensor* half = nullptr);
   // conv1d_silu of mixed, then gdn_gates_delta_rule_norm of its output: one op where a backend
   // convolves inside the delta-rule kernel (CUDA at decode steps). mixed act [T, C] (pre-conv,
   // C = 2*Hk*dk + Hv*dv); conv_w f32 [C, K]; the rest as gdn_gates_delta_rule_norm.
   virtual void conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                              const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps,
-                             bool sigmoid_gate, Tensor out);
+                             bool sigmoid_gate, Tensor out, Tensor* half = nullptr);
 
   // --- gated full attention ---
   // p act [T, nH * 2 * hd] (per head [query | gate]) -> q act [T, nH, hd], gate act [T, nH * hd]

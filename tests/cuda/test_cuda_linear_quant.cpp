@@ -36,6 +36,8 @@ namespace {
 
 using cuda_test::rel_rms;
 using cuda_test::random_bf16;
+using cuda_test::set_bytes;
+using cuda_test::sixteenth_misses;
 
 constexpr double kCopyGbps = 4260;  // H200 device copy bandwidth measured here (DESIGN.md §6)
 
@@ -554,6 +556,16 @@ TEST_F(CudaLinearQuantTest, W4A16SwigluMatchesCpu) {
         const std::vector<float> got = download(fused);
         EXPECT_EQ(got, download(apart)) << how;
         EXPECT_LE(rel_rms(got, ref), 5e-3) << how;
+        // With a buffer for the product's fp16 copy (down_proj's input): filled where the epilogue
+        // writes the product (a paired weight, 1-8 tokens, the TMA kernel), the product unchanged.
+        Tensor half = gpu->scratch(DType::kF16, {T, I}), copied = gpu->scratch(DType::kBF16, {T, I});
+        EXPECT_TRUE(set_bytes(half, 0xFF));  // NaN where unwritten
+        gpu->linear_swiglu(xg, c.gpu_w, gate, up, copied, {}, &half);
+        EXPECT_EQ(half.data != nullptr, kernel == 0 && sh.paired && T <= 8) << how << " fp16 copy";
+        EXPECT_EQ(download(copied), got) << how << " with a copy";
+        if (half.data) {
+          EXPECT_EQ(sixteenth_misses(*gpu, copied, half), 0) << how << " fp16 copy";
+        }
       }
       gpu->reset_scratch();
       cpu.reset_scratch();
@@ -619,7 +631,9 @@ TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
 // squares, and the consumers scale their outputs (RowScale). Against the same ops with the norm
 // not deferred (no sums given) and against the CPU: x bit for bit the separate kernels', every
 // consumer within bf16 of both, 1e-2 (a tiled linear of three parts, a paired gate_up through
-// linear_swiglu, the small dense GEMV of two parts), the same bits on a second launch. Shapes: the
+// linear_swiglu, the small dense GEMV of two parts), the same bits on a second launch, and the
+// tiled parts given the fp16 copy against those without it. Then a down_proj of the product, a
+// second linear_add_rms_norm, given the product's fp16 copy from linear_swiglu and not. Shapes: the
 // 27B's o_proj (gated by sigmoid) and down, and N 320 (a short last tile) at group 64.
 TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
   struct Shape {
@@ -637,24 +651,34 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
     W4Case prod = make_w4(*gpu, rng, H, K, sh.group);
     W4Case gu = make_w4(*gpu, rng, 2 * I, H, sh.group, WeightRole::kGateUp);
     W4Case qkv = make_w4(*gpu, rng, Nq, H, sh.group);
+    W4Case down = make_w4(*gpu, rng, H, I, sh.group);
     const std::vector<float> small = random_bf16(size_t(2 * kSmallRows) * H, rng, 0.05f);
     std::vector<float> norm(H);
     std::uniform_real_distribution<float> ud(0.5f, 1.5f);
     for (auto& v : norm) v = ud(rng);
-    LinearWeight prod_c, gu_c, qkv_c, small_c, small_g;
+    LinearWeight prod_c, gu_c, qkv_c, down_c, small_c, small_g;
     prod_c.dense = cpu.upload(prod.dense.data(), DType::kF32, {H, K}, DType::kF32);
     gu_c.dense = cpu.upload(gu.dense.data(), DType::kF32, {2 * I, H}, DType::kF32);
     qkv_c.dense = cpu.upload(qkv.dense.data(), DType::kF32, {Nq, H}, DType::kF32);
+    down_c.dense = cpu.upload(down.dense.data(), DType::kF32, {H, I}, DType::kF32);
     small_c.dense = cpu.upload(small.data(), DType::kF32, {2 * kSmallRows, H}, DType::kF32);
     small_g.dense = gpu->upload(small.data(), DType::kF32, {2 * kSmallRows, H}, DType::kBF16);
     for (int T : {1, 3, 8}) {
       const std::string what = "H" + std::to_string(H) + " K" + std::to_string(K) + " T" + std::to_string(T);
       const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng),
                                x = random_bf16(size_t(T) * H, rng, 4.f);
-      // x after the op, then the consumers' outputs: 3 parts, silu(gate) * up, 2 small parts.
+      // x after the op, then the consumers' outputs: 3 parts, silu(gate) * up, 2 small parts; then
+      // x after the down_proj of silu(gate) * up.
       using Results = std::vector<std::vector<float>>;
+      // copy: the norm's fp16 copy made where the backend makes one; gated_copy: the product's.
+      // poison (bits 1: the norm's copy, 2: the product's): zeros written over the copy once made,
+      // so that a consumer which reads it gives other results. made_copy, made_gated_copy: whether
+      // the last run on the GPU made them; down_fused: whether its down_proj took the fused GEMV
+      // (which reads the product's copy; the default ops read the product).
+      bool made_copy = false, made_gated_copy = false, down_fused = false;
       auto run = [&](Ops& ops, const LinearWeight& wp, const LinearWeight& wgu, const LinearWeight& wq,
-                     const LinearWeight& ws, DType dt, bool defer) {
+                     const LinearWeight& wd, const LinearWeight& ws, DType dt, bool defer, bool copy = true,
+                     bool gated_copy = true, int poison = 0) {
         Tensor ag = ops.upload(a.data(), DType::kF32, {T, K}, dt), bg = ops.upload(b.data(), DType::kF32, {T, K}, dt);
         Tensor xg = ops.upload(x.data(), DType::kF32, {T, H}, dt);
         Tensor wn = ops.upload(norm.data(), DType::kF32, {H}, DType::kF32);
@@ -662,32 +686,48 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
         NormedAct out{ops.scratch(dt, {T, H}), {}};
         // The fp16 copy of out.h / 16 where the backend makes one (CUDA at 1-8 tokens), which the
         // unsplit gate_up reads instead of out.h (the 27B's I: 34,816 rows).
-        Tensor half = defer && ops.makes_half_copy(T, H) ? ops.scratch(DType::kF16, {T, H}) : Tensor{};
+        Tensor half = copy && defer && ops.makes_half_copy(T, H) ? ops.scratch(DType::kF16, {T, H}) : Tensor{};
+        if (half.data) {  // NaN where unwritten
+          EXPECT_TRUE(set_bytes(half, 0xFF));
+        }
         ops.linear_add_rms_norm(ag, sh.gated ? &bg : nullptr, GateAct::kMulSigmoid, wp, xg, wn, kEps, ss, out, {},
                                 half);
         if (&ops == gpu.get()) {
           // Deferred wherever the GEMV takes one split-K launch of the one-tile kernel (the gated
           // o_proj at 8 tokens too, its gate applied by a kernel of its own).
           EXPECT_EQ(!out.scale.empty(), defer && cuda::w4a16_gemv_norms_output(T, H, K, sh.group, false)) << what;
-          EXPECT_EQ(out.scale.half.data != nullptr, !out.scale.empty() && cuda::w4a16_gemv_reads_f16_copy(T))
+          EXPECT_EQ(out.scale.half.data != nullptr,
+                    copy && !out.scale.empty() && cuda::w4a16_gemv_reads_f16_copy(T))
               << what << " fp16 copy";
-          if (out.scale.half.data) {  // out.h / 16: exact, but for fp16's subnormal steps (2^-24)
-            std::vector<float> h(size_t(T) * H), hh(size_t(T) * H);
-            ops.download_f32(out.h, h.data());
-            ops.download_f32(out.scale.half, hh.data());
-            int off = 0;
-            for (size_t i = 0; i < h.size(); ++i) {
-              const float want = h[i] / 16.f;
-              off += std::fabs(want) >= 0x1p-14f ? hh[i] != want : std::fabs(hh[i] - want) > 0x1p-25f;
+          if (out.scale.half.data) {  // out.h / 16
+            EXPECT_EQ(sixteenth_misses(ops, out.h, out.scale.half), 0) << what << " fp16 copy";
+            if (poison & 1) {
+              EXPECT_TRUE(set_bytes(out.scale.half, 0));
             }
-            EXPECT_EQ(off, 0) << what << " fp16 copy";
           }
+          made_copy = out.scale.half.data != nullptr;
         }
         const Tensor q[3] = {ops.scratch(dt, {T, sh.parts[0]}), ops.scratch(dt, {T, sh.parts[1]}),
                              ops.scratch(dt, {T, sh.parts[2]})};
         ops.linear_parts(out.h, wq, q, false, out.scale);
         Tensor gate = ops.scratch(dt, {T, I}), up = ops.scratch(dt, {T, I}), gated = ops.scratch(dt, {T, I});
-        ops.linear_swiglu(out.h, wgu, gate, up, gated, out.scale);
+        Tensor gated_half = gated_copy && defer && ops.makes_half_copy(T, I) ? ops.scratch(DType::kF16, {T, I})
+                                                                             : Tensor{};
+        if (gated_half.data) {
+          EXPECT_TRUE(set_bytes(gated_half, 0xFF));
+        }
+        ops.linear_swiglu(out.h, wgu, gate, up, gated, out.scale, &gated_half);
+        if (&ops == gpu.get()) {
+          EXPECT_EQ(gated_half.data != nullptr, gated_copy && defer && cuda::w4a16_gemv_reads_f16_copy(T))
+              << what << " the product's fp16 copy";
+          if (gated_half.data) {
+            EXPECT_EQ(sixteenth_misses(ops, gated, gated_half), 0) << what << " the product's copy";
+            if (poison & 2) {
+              EXPECT_TRUE(set_bytes(gated_half, 0));
+            }
+          }
+          made_gated_copy = gated_half.data != nullptr;
+        }
         const Tensor sm[2] = {ops.scratch(dt, {T, kSmallRows}), ops.scratch(dt, {T, kSmallRows})};
         ops.linear_parts(out.h, ws, sm, true, out.scale);
         Results r;
@@ -696,17 +736,59 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
           ops.download_f32(t, h.data());
           r.push_back(std::move(h));
         }
+        Tensor ss2 = defer ? ops.scratch(DType::kF32, {ops.norm_parts(H), T}) : Tensor{};
+        NormedAct out2{ops.scratch(dt, {T, H}), {}};
+        ops.linear_add_rms_norm(gated, nullptr, GateAct::kSiluMul, wd, xg, wn, kEps, ss2, out2, {}, {}, gated_half);
+        if (&ops == gpu.get()) down_fused = !out2.scale.empty();
+        r.emplace_back(xg.numel());
+        ops.download_f32(xg, r.back().data());
         ops.reset_scratch();
         return r;
       };
-      const Results ref = run(cpu, prod_c, gu_c, qkv_c, small_c, DType::kF32, true);
-      const Results apart = run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, small_g, DType::kBF16, false);
-      const Results deferred = run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, small_g, DType::kBF16, true);
-      EXPECT_EQ(run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, small_g, DType::kBF16, true), deferred) << what;
+      const Results ref = run(cpu, prod_c, gu_c, qkv_c, down_c, small_c, DType::kF32, true);
+      const Results apart = run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, down.gpu_w, small_g, DType::kBF16, false);
+      const Results deferred = run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, down.gpu_w, small_g, DType::kBF16, true);
+      EXPECT_EQ(run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, down.gpu_w, small_g, DType::kBF16, true), deferred)
+          << what;
+      // The tiled parts (qkvz, qkv) stage the fp16 copy as it is where they stage their inputs: at
+      // 1-4 tokens the bits of the staging that makes their bf16 inputs fp16, at 5-8 fp16 inputs
+      // where the launch without the copy takes bf16.
+      const Results no_copy =
+          run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, down.gpu_w, small_g, DType::kBF16, true, false, false);
+      for (int i = 1; i <= 3; ++i) {
+        if (T <= 4) EXPECT_EQ(deferred[i], no_copy[i]) << what << " part " << i - 1 << " staged from the copy";
+        else EXPECT_LE(rel_rms(deferred[i], no_copy[i]), 1e-2) << what << " part " << i - 1 << " staged from the copy";
+      }
+      // down_proj given the product's copy (which it stages as it is) against the same product
+      // without one: likewise.
+      const Results no_gated_copy =
+          run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, down.gpu_w, small_g, DType::kBF16, true, true, false);
+      EXPECT_EQ(deferred[4], no_gated_copy[4]) << what << " swiglu with a copy";
+      if (T <= 4) EXPECT_EQ(deferred[7], no_gated_copy[7]) << what << " down staged from the copy";
+      else EXPECT_LE(rel_rms(deferred[7], no_gated_copy[7]), 1e-3) << what << " down staged from the copy";
+      // The consumers read the copies where they are made: with zeros written over a copy, every
+      // linear that reads it gives zeros (the down_proj adds none to x), far from its results.
+      const char* names[8] = {" x", " part 0", " part 1", " part 2", " swiglu", " small 0", " small 1", " down x"};
+      const Results poisoned =
+          run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, down.gpu_w, small_g, DType::kBF16, true, true, true, 1);
+      if (made_copy) {
+        for (int i = 1; i <= 4; ++i)
+          EXPECT_GT(rel_rms(poisoned[i], deferred[i]), 0.5) << what << names[i] << " read the norm's copy";
+      }
+      const Results gated_poisoned =
+          run(*gpu, prod.gpu_w, gu.gpu_w, qkv.gpu_w, down.gpu_w, small_g, DType::kBF16, true, true, true, 2);
+      if (made_gated_copy && down_fused) {  // (N 320 x K 448 takes the default ops: one split)
+        std::vector<float> added(deferred[7].size()), added_poisoned(added.size());  // down_proj's part of x
+        for (size_t i = 0; i < added.size(); ++i) {
+          added[i] = deferred[7][i] - deferred[0][i];
+          added_poisoned[i] = gated_poisoned[7][i] - gated_poisoned[0][i];
+        }
+        EXPECT_GT(rel_rms(added_poisoned, added), 0.5) << what << " down read the product's copy";
+        EXPECT_EQ(gated_poisoned[4], deferred[4]) << what << " swiglu";
+      }
       EXPECT_EQ(deferred[0], apart[0]) << what << " x";
       EXPECT_LE(rel_rms(deferred[0], ref[0]), 3e-3) << what << " x";
-      const char* names[7] = {" x", " part 0", " part 1", " part 2", " swiglu", " small 0", " small 1"};
-      for (int i = 1; i < 7; ++i) {
+      for (int i = 1; i < 8; ++i) {
         EXPECT_LE(rel_rms(deferred[i], apart[i]), 1e-2) << what << names[i];
         EXPECT_LE(rel_rms(deferred[i], ref[i]), 1e-2) << what << names[i];
         EXPECT_LE(rel_rms(apart[i], ref[i]), 1e-2) << what << names[i];

@@ -20,6 +20,8 @@ namespace {
 
 using cuda_test::rel_rms;
 using cuda_test::random_bf16;
+using cuda_test::set_bytes;
+using cuda_test::sixteenth_misses;
 
 class CudaOpsTest : public ::testing::Test {
  protected:
@@ -266,6 +268,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   // of the decode steps between.
   const bool pair_before = cuda::gdn_decode_pair(), token_before = cuda::gdn_decode_token();
   const bool mma_before = cuda::gdn_verify_mma();
+  int copies[2] = {0, 0};  // decode and verify steps whose kernel made the normed output's fp16 copy
   for (bool mma : {true, false})
   for (bool token : {true, false})
   for (bool pair : {true, false})
@@ -324,9 +327,19 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
         const bool sig = step % 2 == 1;
         cpu.gdn_gates_delta_rule_norm(qkv.first, a.first, b.first, a_log.first, dt_bias.first, sh, 1, z.first,
                                       norm_w.first, 1e-6f, sig, normed_out.first);
+        // With a buffer for the output's fp16 copy (out_proj's input): filled by the one-token and
+        // verify kernels at up to 8 tokens, and then out / 16.
+        Tensor half = gpu->makes_half_copy(T, Hv * dv) ? gpu->scratch(DType::kF16, {T, Hv * dv}) : Tensor{};
+        if (half.data) {  // NaN where unwritten
+          EXPECT_TRUE(set_bytes(half, 0xFF));
+        }
         gpu->gdn_gates_delta_rule_norm(qkv.second, a.second, b.second, a_log.second, dt_bias.second, sh, 1, z.second,
-                                       norm_w.second, 1e-6f, sig, normed_out.second);
+                                       norm_w.second, 1e-6f, sig, normed_out.second, &half);
         expect_close(normed_out, tol, "gdn_rule_norm_" + what);
+        if (half.data) {
+          EXPECT_EQ(sixteenth_misses(*gpu, normed_out.second, half), 0) << what << " fp16 copy";
+          ++copies[T > static_cast<int>(lens.size())];
+        }
         for (size_t s = 0; s < lens.size(); ++s) past[s] += lens[s];
         continue;
       }
@@ -350,6 +363,8 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
   cuda::set_gdn_decode_pair(pair_before);
   cuda::set_gdn_decode_token(token_before);
   cuda::set_gdn_verify_mma(mma_before);
+  EXPECT_GT(copies[0], 0) << "decode steps that made the normed output's fp16 copy (the one-token kernel)";
+  EXPECT_GT(copies[1], 0) << "verify steps that made the normed output's fp16 copy (the tensor-core kernel)";
 }
 
 // conv_gdn_norm with the conv in the one-token GDN decode kernel (cuda::GdnConv) against
@@ -410,8 +425,20 @@ TEST_F(CudaOpsTest, ConvGdnNormMatchesSeparate) {
       EXPECT_EQ(gpu->gdn_takes_conv(sh, K), decode && cuda::gdn_conv_fits(static_cast<int>(lens.size()), Hv)) << what;
       fused_steps += gpu->gdn_takes_conv(sh, K);
       auto out = outputs({T, Hv * dv});
+      Tensor half = gpu->makes_half_copy(T, Hv * dv) ? gpu->scratch(DType::kF16, {T, Hv * dv}) : Tensor{};
+      if (half.data) {  // NaN where unwritten
+        EXPECT_TRUE(set_bytes(half, 0xFF));
+      }
       gpu->conv_gdn_norm(mixed.gpu, conv_w.gpu, a.gpu, b.gpu, a_log.gpu, dt_bias.gpu, sh, 1, z.gpu, norm_w.gpu, 1e-6f,
-                         sig, out.second);
+                         sig, out.second, &half);
+      // The fp16 copy (out_proj's input) wherever the conv is in the kernel (the one-token kernel)
+      // at up to 8 tokens.
+      if (gpu->gdn_takes_conv(sh, K) && T <= 8) {
+        EXPECT_NE(half.data, nullptr) << what << " fp16 copy";
+      }
+      if (half.data) {
+        EXPECT_EQ(sixteenth_misses(*gpu, out.second, half), 0) << what << " fp16 copy";
+      }
       cpu.conv_gdn_norm(mixed.cpu, conv_w.cpu, a.cpu, b.cpu, a_log.cpu, dt_bias.cpu, sh, 1, z.cpu, norm_w.cpu, 1e-6f,
                         sig, out.first);
       Tensor qkv_sep = sep.scratch(DType::kBF16, {T, C});

@@ -32,6 +32,17 @@ __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf
 // shares (silu_mul, paired_rows, the GEMV's staged input and its swiglu epilogue).
 __device__ __forceinline__ __nv_bfloat16 swiglu_bf16(float gate, float up) { return to_bf16(silu_f(gate) * up); }
 
+// Two bf16 inputs as fp16 x / 16, the inputs of the TMA GEMV's F16 form (qgemv_tma.cuh) and the
+// fp16 copies its producers make: exact for |x| from 2^-10 to 2^20 (bf16's 8 significant bits fit
+// fp16's 11); larger ones saturate to fp16's largest, smaller ones round to its subnormal steps,
+// 2^-20 of x.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2_16th(uint32_t v) {
+  const float lo = __uint_as_float(v << 16) * 0.0625f, hi = __uint_as_float(v & 0xFFFF0000u) * 0.0625f;
+  uint32_t r;
+  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 // The 8 bf16 values packed in raw, in fp32.
 __device__ __forceinline__ void unpack8(const uint4& raw, float* f) {
   const auto* b = reinterpret_cast<const __nv_bfloat16*>(&raw);

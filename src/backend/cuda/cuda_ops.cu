@@ -504,14 +504,14 @@ void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& 
 }
 
 void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out,
-                            const RowScale& scale) {
+                            const RowScale& scale, Tensor* half) {
   // A paired weight's GEMV computes silu(gate) * up in its epilogue where its launches take one
   // token tile (w4a16_gemv_writes_swiglu) and it can scale its sums there too, else writes its
   // rows for one kernel to take the product; the cuBLAS path of long inputs and other weights take
   // the default (gate and up, then silu_mul).
   const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
   if (!(w.quantized() && w.format == WeightFormat::kW4A16Tiled && w.paired && w4a16_takes_gemv(T))) {
-    Ops::linear_swiglu(x, w, gate, up, out, scale);
+    Ops::linear_swiglu(x, w, gate, up, out, scale, half);
     return;
   }
   expect_bf16(x, "linear_swiglu x");
@@ -523,9 +523,17 @@ void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor
       (scale.empty() || cuda::w4a16_gemv_scales_output(T))) {
     cuda::GemvOut o = cuda::GemvOut::swiglu_of(B(out), N);
     o.norm = norm_scale_of(scale, K);
+    if (half && half->data && makes_half_copy(T, N / 2)) {
+      DS_ASSERT(half->dtype == DType::kF16 && half->numel() == out.numel(), "linear_swiglu: an fp16 copy %s for out%s",
+                half->shape_str().c_str(), out.shape_str().c_str());
+      o.f16 = static_cast<__half*>(half->data);
+    } else if (half) {
+      *half = {};
+    }
     linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin, scale.half);
     return;
   }
+  if (half) *half = {};
   linear_w4a16_paired_rows(B(x), T, K, w, B(out), nullptr, true, scale);
 }
 
@@ -678,7 +686,8 @@ bool CudaOps::makes_half_copy(int64_t T, int64_t D) const {
 }
 
 void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x,
-                                  Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin, Tensor half) {
+                                  Tensor norm_w, float eps, Tensor ss, NormedAct& out, Int8Twin twin, Tensor half,
+                                  Tensor a_half) {
   const int T = static_cast<int>(x.dim(0)), D = static_cast<int>(x.dim(1)), K = static_cast<int>(a.dim(1));
   const bool fused = defer_norms() && ss.data && norm_parts(D) <= cuda::kGemvNormMaxParts && w.quantized() &&
                      w.format == WeightFormat::kW4A16Tiled && !w.paired && w.rows == D && w4a16_takes_gemv(T) &&
@@ -724,8 +733,9 @@ void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const 
     o.norm.q8 = static_cast<int8_t*>(twin.q.data);
     o.norm.q8_scale = F(twin.scale);
   }
-  if (half.data) o.norm.f16 = static_cast<__half*>(half.data);
-  linear_w4a16(B(in), T, K, w, o, xb, gate);
+  if (half.data) o.f16 = static_cast<__half*>(half.data);
+  // a's fp16 copy, where the input is a as it is.
+  linear_w4a16(B(in), T, K, w, o, xb, gate, {}, b ? Tensor{} : a_half);
   out.scale = {ss, eps, twin, half};
 }
 
@@ -844,7 +854,7 @@ constexpr int kGdnFewSeqs = 2;
 
 void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                                         const GdnShape& sh, int layer, Tensor z, Tensor norm_w, float eps,
-                                        bool sigmoid_gate, Tensor out) {
+                                        bool sigmoid_gate, Tensor out, Tensor* half) {
   // The norm in the decode kernel of a CTA a head at decode steps (a token a sequence) of up to
   // kGdnNormMaxSeqs sequences; else the two ops. On the H200 (27B shape, docs/perf/
   // 2026-12-02-s18-cuda-27b.md): C1 6.01-6.05 against 6.10-6.12 ms, C4 6.44-6.47 against
@@ -863,13 +873,15 @@ void CudaOps::gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a
                                          : head_parts == cuda::kGdnVerifyMma || gdn_verify_head();
   if (!in_kernel ||
       !cuda::gdn_decode_norm_supported(sh.k_head_dim, sh.v_head_dim, state_code(options_.state_dtype))) {
-    Ops::gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out);
+    Ops::gdn_gates_delta_rule_norm(qkv, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out, half);
     return;
   }
-  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, gdn_norm(z, norm_w, sh, eps, sigmoid_gate), cuda::GdnConv{});
+  gdn_decode(qkv, a, b, a_log, dt_bias, sh, layer, out, gdn_norm(z, norm_w, sh, eps, sigmoid_gate, out, half),
+             cuda::GdnConv{});
 }
 
-cuda::GdnNorm CudaOps::gdn_norm(Tensor z, Tensor norm_w, const GdnShape& sh, float eps, bool sigmoid_gate) const {
+cuda::GdnNorm CudaOps::gdn_norm(Tensor z, Tensor norm_w, const GdnShape& sh, float eps, bool sigmoid_gate, Tensor out,
+                                Tensor* half) const {
   expect_bf16(z, "gdn norm z");
   expect_f32(norm_w, "gdn norm weight");
   DS_ASSERT(norm_w.numel() == sh.v_head_dim, "gdn norm weight: %lld values for head dim %d",
@@ -879,6 +891,15 @@ cuda::GdnNorm CudaOps::gdn_norm(Tensor z, Tensor norm_w, const GdnShape& sh, flo
   norm.w = F(norm_w);
   norm.eps = eps;
   norm.sigmoid_gate = sigmoid_gate;
+  if (!half) return norm;
+  const int64_t T = out.dim(0);
+  if (half->data && T > 0 && cuda::gdn_norm_copies(gdn_head_parts(sh)) && makes_half_copy(T, out.numel() / T)) {
+    DS_ASSERT(half->dtype == DType::kF16 && half->numel() == out.numel(), "gdn norm: an fp16 copy %s for out%s",
+              half->shape_str().c_str(), out.shape_str().c_str());
+    norm.f16 = static_cast<__half*>(half->data);
+  } else {
+    *half = {};
+  }
   return norm;
 }
 
@@ -895,12 +916,12 @@ bool CudaOps::gdn_takes_conv(const GdnShape& sh, int conv_width) const {
 
 void CudaOps::conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                             const GdnShape& sh, int layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
-                            Tensor out) {
+                            Tensor out, Tensor* half) {
   // Decode steps: the one-token kernel convolves its inputs itself (cuda::GdnConv), so the conv's
   // launch and the kernel boundary after it go.
   const int C = static_cast<int>(mixed.dim(1)), K = static_cast<int>(conv_w.dim(1));
   if (!gdn_takes_conv(sh, K)) {
-    Ops::conv_gdn_norm(mixed, conv_w, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out);
+    Ops::conv_gdn_norm(mixed, conv_w, a, b, a_log, dt_bias, sh, layer, z, norm_w, eps, sigmoid_gate, out, half);
     return;
   }
   expect_bf16(mixed, "gdn mixed");
@@ -913,7 +934,8 @@ void CudaOps::conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Ten
   conv.state = static_cast<bf16*>(conv_state(layer));
   conv.counters = impl_->gdn_conv_counters;
   conv.K = K;
-  gdn_decode(mixed, a, b, a_log, dt_bias, sh, layer, out, gdn_norm(z, norm_w, sh, eps, sigmoid_gate), conv);
+  gdn_decode(mixed, a, b, a_log, dt_bias, sh, layer, out, gdn_norm(z, norm_w, sh, eps, sigmoid_gate, out, half),
+             conv);
 }
 
 void CudaOps::gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& sh, int layer,

@@ -81,7 +81,8 @@ class CudaOps final : public Ops {
   // and each tile's sums of squares, and leaves the division by the RMS to the linears after it
   // (out.scale), so no norm kernel runs between them. env DS_DEFER_NORM = 1 (default) | 0.
   void linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const LinearWeight& w, Tensor x, Tensor norm_w,
-                           float eps, Tensor ss, NormedAct& out, Int8Twin twin = {}, Tensor half = {}) override;
+                           float eps, Tensor ss, NormedAct& out, Int8Twin twin = {}, Tensor half = {},
+                           Tensor a_half = {}) override;
   bool makes_int8_twin(int64_t T, int64_t D) const override;
   bool makes_half_copy(int64_t T, int64_t D) const override;
   void silu_mul(Tensor gate, Tensor up, Tensor out) override;
@@ -93,11 +94,11 @@ class CudaOps final : public Ops {
                             int state_layer, Tensor out) override;
   void gdn_gates_delta_rule_norm(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
                                  int state_layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
-                                 Tensor out) override;
+                                 Tensor out, Tensor* half = nullptr) override;
   // The conv in the one-token GDN decode kernel where gdn_takes_conv, else the two ops.
   void conv_gdn_norm(Tensor mixed, Tensor conv_w, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias,
                      const GdnShape& shape, int state_layer, Tensor z, Tensor norm_w, float eps, bool sigmoid_gate,
-                     Tensor out) override;
+                     Tensor out, Tensor* half = nullptr) override;
   // Whether conv_gdn_norm convolves in the GDN decode kernel at this step (cuda::GdnConv: decode
   // steps that take the one-token kernel, conv widths up to cuda::kGdnConvMaxK; env DS_GDN_CONV =
   // 1, the default | 0).
@@ -110,8 +111,9 @@ class CudaOps final : public Ops {
   void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
   void sigmoid_mul(Tensor x, Tensor gate) override;
   void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) override;
-  void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out,
-                     const RowScale& scale = {}) override;
+  // The fp16 copy (half) where the GEMV's epilogue writes the product and its launches read copies.
+  void linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out, const RowScale& scale = {},
+                     Tensor* half = nullptr) override;
   void concat_cols(Tensor a, Tensor b, Tensor out) override;
   bool supports_sample() const override { return true; }
   void sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) override;
@@ -136,8 +138,11 @@ class CudaOps final : public Ops {
   // the pre-conv rows, convolved in the kernel (conv_gdn_norm).
   void gdn_decode(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape, int layer,
                   Tensor out, const cuda::GdnNorm& norm, const cuda::GdnConv& conv);
-  // The gated norm of each v-head's output the decode kernels apply (z act [T, Hv*dv], norm_w f32 [dv]).
-  cuda::GdnNorm gdn_norm(Tensor z, Tensor norm_w, const GdnShape& shape, float eps, bool sigmoid_gate) const;
+  // The gated norm of each v-head's output the decode kernels apply (z act [T, Hv*dv], norm_w f32 [dv]),
+  // and its fp16 copy into *half (f16 [T, Hv*dv], out's shape) where the step's kernel makes one
+  // (cuda::gdn_norm_copies), else *half emptied.
+  cuda::GdnNorm gdn_norm(Tensor z, Tensor norm_w, const GdnShape& shape, float eps, bool sigmoid_gate, Tensor out,
+                         Tensor* half) const;
   // Whether this verify step (2 to 8 tokens a sequence, at most 2 sequences) takes the decode
   // kernel of a CTA a head with its norm and 4 parts of a column's rows, rather than the 32-column
   // tiles and a gated-norm launch. env DS_GDN_VERIFY_HEAD = 1 (default) | 0.

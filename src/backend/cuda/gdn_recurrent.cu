@@ -256,6 +256,13 @@ __device__ __forceinline__ bf16 gdn_norm_out(float v, float inv, float w, float 
   return to_bf16(v * inv * w * (sigmoid_gate ? sigmoid_f(z) : silu_f(z)));
 }
 
+// The normed outputs' fp16 copy (GdnNorm::f16) of the bf16 pair at element `at` of out (even), by
+// the kernels that make one (gdn_norm_copies).
+__device__ __forceinline__ void store_norm_copy(const GdnNorm& norm, int64_t at, __nv_bfloat162 pair) {
+  if (norm.f16)
+    *reinterpret_cast<uint32_t*>(norm.f16 + at) = bf16x2_to_f16x2_16th(*reinterpret_cast<const uint32_t*>(&pair));
+}
+
 // A column's sums over the Parts parts of its rows: in part order (2 parts: r0 + r1), or pairwise.
 template <int Parts>
 __device__ __forceinline__ float parts_sum(const float (&red)[Parts][kDecodeMaxK], int col) {
@@ -674,6 +681,7 @@ __global__ void __launch_bounds__(kTokWarps * 32, kTokCtasPerSm) gdn_decode_toke
       pair.x = gdn_norm_out(r0, inv, w2.x, z2.x, norm.sigmoid_gate);
       pair.y = gdn_norm_out(r1, inv, w2.y, z2.y, norm.sigmoid_gate);
       *reinterpret_cast<__nv_bfloat162*>(dst) = pair;
+      store_norm_copy(norm, dst - out, pair);
     }
     if (Conv && conv_last) {  // the last CTA of the k-head: its q and k conv state rows
       for (int i = threadIdx.x; i < cs.R * 2 * dk; i += kTokWarps * 32) {
@@ -927,7 +935,9 @@ __device__ __forceinline__ void gdn_verify_body(VerifySmem& sm, const bf16* qkv,
       } else {
         pair = __floats2bfloat162_rn(o[i][nb][0], o[i][nb][1]);
       }
-      *reinterpret_cast<__nv_bfloat162*>(out + (int64_t(t0 + t) * Hv + h) * kVerD + col) = pair;
+      const int64_t at = (int64_t(t0 + t) * Hv + h) * kVerD + col;
+      *reinterpret_cast<__nv_bfloat162*>(out + at) = pair;
+      if constexpr (Norm) store_norm_copy(norm, at, pair);
     }
   }
 
@@ -1034,6 +1044,8 @@ void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, i
                           int head_parts, const GdnConv& conv) {
   if (n_seqs == 0) return;
   DS_ASSERT(!conv.w || head_parts == kGdnOneToken, "GDN decode: the conv in the kernel needs the one-token kernel");
+  DS_ASSERT(!norm.f16 || (norm.z && gdn_norm_copies(head_parts) && aligned16(norm.f16)),
+            "GDN decode: the norm's fp16 copy by the one-token or verify kernel (%d row parts a head)", head_parts);
   DS_ASSERT(head_parts == kGdnHeadParts || head_parts == kGdnHeadFewSeqsParts || head_parts == kGdnHeadPair ||
                 head_parts == kGdnOneToken || head_parts == kGdnVerifyMma,
             "GDN decode: %d row parts a head", head_parts);

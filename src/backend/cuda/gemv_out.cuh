@@ -17,12 +17,14 @@ namespace ds::cuda {
 // Where output row n of token t is stored: part p holds rows [end[p - 1], end[p]) (end[-1] = 0)
 // as bf16 [T, end[p] - end[p - 1]]; n_parts 1 is a plain [T, N] output. swiglu (GemvOut::swiglu,
 // a paired weight): only silu(gate) * up of each pair of rows, bf16 [T, N / 2] (store_swiglu).
+// f16: GemvOut::f16.
 struct OutParts {
   __nv_bfloat16* ptr[kGemvMaxParts];
   int end[kGemvMaxParts];
   int n_parts;
   __nv_bfloat16* swiglu;
   GemvNorm norm;  // norm.ss null: none; norm.x set: the producer's epilogue, else a consumer's scale
+  __half* f16;
 
   // A consumer's factor of the outputs of token t (GemvNorm; norm.parts <= kGemvNormMaxParts), the
   // same t in every lane and the whole warp calling: lane l loads parts l and l + 32, then the
@@ -74,7 +76,13 @@ struct OutParts {
   // swiglu[t, col] = silu(gate) * up of the pair's fp32 sums, each rounded to bf16 first (as the
   // GEMV's parts and then launch_silu_mul would give).
   __device__ __forceinline__ void store_swiglu(int t, int col, float gate, float up) const {
-    swiglu[int64_t(t) * (end[0] / 2) + col] = swiglu_bf16(to_f32(to_bf16(gate)), to_f32(to_bf16(up)));
+    const int64_t at = int64_t(t) * (end[0] / 2) + col;
+    const __nv_bfloat16 v = swiglu_bf16(to_f32(to_bf16(gate)), to_f32(to_bf16(up)));
+    swiglu[at] = v;
+    if (f16) {
+      const uint32_t h = bf16x2_to_f16x2_16th(__bfloat16_as_ushort(v));  // the low half: v's
+      f16[at] = __ushort_as_half(static_cast<unsigned short>(h));
+    }
   }
 };
 
@@ -92,11 +100,13 @@ inline OutParts out_parts(const GemvOut& o, int N) {
   DS_ASSERT(end == N, "GEMV output parts hold %d rows, the weight %d", end, N);
   p.swiglu = o.swiglu;
   p.norm = o.norm;
+  p.f16 = o.f16;
   DS_ASSERT(!o.norm.x || (o.n_parts == 1 && !o.swiglu && N % 4 == 0 && o.norm.w && o.norm.ss),
             "a GEMV's norm output: %d parts, N %d", o.n_parts, N);
   DS_ASSERT(!o.norm.ss || o.norm.x || o.norm.parts > 0, "a GEMV's norm scale from %d parts", o.norm.parts);
   DS_ASSERT(!o.norm.q8 || (o.norm.x && o.norm.q8_scale && N % 64 == 0), "a GEMV's int8 twin: N %d", N);
   DS_ASSERT(!o.swiglu || (o.n_parts == 1 && N % 16 == 0), "a GEMV's swiglu output: %d parts, N %d", o.n_parts, N);
+  DS_ASSERT(!o.f16 || o.swiglu || o.norm.x, "a GEMV's fp16 copy of an output other than a norm's or a swiglu");
   return p;
 }
 

@@ -86,7 +86,7 @@ constexpr int kGemvSwigluMaxTokens = 8;
 // kGemvNormMaxParts): each output of token t is multiplied by 1 / sqrt(S * inv_d + eps), S the
 // sum of ss[0, t] .. ss[parts - 1, t] (OutParts::row_scale's order). A producer with q8 set (W4A8,
 // N % 64 == 0, T <= 8) also writes the int8 twin of its part (GemvInt8In's layout) into q8 and
-// q8_scale; with f16 set, its fp16 copy / 16 (f16 [T, N], the inputs of the GEMV's F16 form).
+// q8_scale (and its fp16 copy into GemvOut::f16 where that is set).
 constexpr int kGemvTileRows = 128;
 constexpr int kGemvNormMaxParts = 64;  // a consumer's parts: D up to 8192
 struct GemvNorm {
@@ -97,7 +97,6 @@ struct GemvNorm {
   int parts = 0;
   int8_t* q8 = nullptr;
   float* q8_scale = nullptr;
-  __half* f16 = nullptr;
 };
 // A W4A16 GEMV's inputs as int8 (W4A8): on, the launch rounds them as it stages them (ops/act_int8.h
 // rounding), or, with q set, it reads a twin a producer made: q i8 [T, K], each 4 columns stored in
@@ -114,6 +113,10 @@ struct GemvOut {
   int n_parts = 0;
   bf16* swiglu = nullptr;
   GemvNorm norm;  // norm.ss null: none
+  // Optional: the fp16 copy / 16 of the launch's output for the linear after it (launch_w4a16_gemv's
+  // x_f16, the inputs of the GEMV's F16 form), each value as the F16 staging makes it of the bf16
+  // one: of a norm producer's h (norm.x set), f16 [T, N], or of the swiglu output, f16 [T, N / 2].
+  __half* f16 = nullptr;
 
   static GemvOut whole(bf16* out, int N) {
     GemvOut o;
@@ -133,6 +136,7 @@ struct GemvOut {
     for (int p = 0; p < n_parts; ++p)
       if (ptr[p]) o.ptr[p] += int64_t(t0) * rows[p];
     if (swiglu) o.swiglu += int64_t(t0) * (rows[0] / 2);
+    if (f16) o.f16 += int64_t(t0) * (swiglu ? rows[0] / 2 : rows[0]);
     return o;
   }
 };
@@ -334,12 +338,15 @@ struct GdnGates {
 // The gated RMSNorm the decode kernel of a CTA a head may apply to each v-head's output row
 // before it is stored (launch_gated_rms_norm's math, on the output rounded to bf16): out = w * (o /
 // rms(o)) * act(z), act = sigmoid if sigmoid_gate else silu. z bf16 [T, Hv*dv]; w f32 [dv]. Off (z
-// null): out gets the rule's output as it is.
+// null): out gets the rule's output as it is. f16 (optional, where gdn_norm_copies): f16 [T,
+// Hv*dv], the normed output's fp16 copy / 16 for the linear after it (out_proj: launch_w4a16_gemv's
+// x_f16), each value as the GEMV's F16 staging makes it of the bf16 one.
 struct GdnNorm {
   const bf16* z = nullptr;
   const float* w = nullptr;
   float eps = 0.f;
   bool sigmoid_gate = false;
+  __half* f16 = nullptr;
 };
 // The causal conv1d + SiLU (launch_conv1d_silu's math, bit for bit) that the one-token decode
 // kernel (kGdnOneToken, with a GdnNorm) may apply to its inputs itself: qkv is then the pre-conv
@@ -398,6 +405,9 @@ void set_gdn_decode_token(bool on);
 bool gdn_decode_pair_fits(int n_seqs, int Hv);
 bool gdn_decode_pair();
 void set_gdn_decode_pair(bool on);
+// Whether the kernel of head_parts makes GdnNorm::f16: kGdnOneToken and kGdnVerifyMma, the decode
+// and verify kernels (the others' registers would spill).
+constexpr bool gdn_norm_copies(int head_parts) { return head_parts == kGdnOneToken || head_parts == kGdnVerifyMma; }
 void launch_gdn_recurrent(const bf16* qkv, const GdnGates& gates, void* state, int state_dtype, bf16* out,
                           const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* slots, int n_seqs, int Hk,
                           int Hv, int dk, int dv, bool short_chunks, cudaStream_t s, const GdnNorm& norm = {},

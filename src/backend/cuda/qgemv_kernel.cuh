@@ -70,16 +70,6 @@ __device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t t) {
   return bf16x2_sub(and_or<0x000F000Fu>(t, 0x43004300u), 0x43084308u);
 }
 
-// Two bf16 inputs as fp16 x / 16, the inputs of the TMA GEMV's F16 form (qgemv_tma.cuh): exact for
-// |x| from 2^-10 to 2^20 (bf16's 8 significant bits fit fp16's 11); larger ones saturate to
-// fp16's largest, smaller ones round to its subnormal steps, 2^-20 of x.
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2_16th(uint32_t v) {
-  const float lo = __uint_as_float(v << 16) * 0.0625f, hi = __uint_as_float(v & 0xFFFF0000u) * 0.0625f;
-  uint32_t r;
-  asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
 // Signed bytes at bits 0-7 and 16-23 of t -> bf16x2, exact: (128 + low 7 bits) - (128 or 256
 // by the sign bit), both built by OR-ing into the bf16 exponent of 128.
 __device__ __forceinline__ uint32_t bytes_to_bf16x2(uint32_t t) {
@@ -421,8 +411,8 @@ __device__ __forceinline__ void store_results(const float (&acc)[NT][4], const O
         sq = warp_sum(sq);
         if (lane == 0) out.norm.ss[blockIdx.x * T + t] = sq;
         if (out.norm.q8) norm_rows_int8(out.norm, hv, t, n, N, lane);
-        if (out.norm.f16 && n < N)
-          *reinterpret_cast<uint2*>(out.norm.f16 + int64_t(t) * N + n) =
+        if (out.f16 && n < N)
+          *reinterpret_cast<uint2*>(out.f16 + int64_t(t) * N + n) =
               make_uint2(bf16x2_to_f16x2_16th(hv.x), bf16x2_to_f16x2_16th(hv.y));
       }
       finish();

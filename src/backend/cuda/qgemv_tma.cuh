@@ -21,10 +21,11 @@
 // lane reads them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
 //
 // F16 (one token tile, w4a16_gemv_f16): the inputs are fp16 x / 16, staged so in shared memory (by
-// every launch of 1-4 tokens that stages its inputs, then unsplit ones too) or read through L1 from
-// a producer's copy (unsplit launches of 1-8 tokens given one: gate_up), and the codes reach the
-// tensor cores as fp16 16 q (codes_to_f16), two instructions a 32-bit word fewer than the bf16
-// form; the sums are the same q . x.
+// every launch of 1-4 tokens that stages its inputs, then unsplit ones too), or a producer's copy
+// (launches of 1-8 tokens given one: read through L1 by unsplit ones, gate_up, and staged as it is
+// by those that stage their inputs, qkvz and qkv), and the codes reach the tensor cores as fp16
+// 16 q (codes_to_f16), two instructions a 32-bit word fewer than the bf16 form; the sums are the
+// same q . x.
 //
 // W4A8 (A8, one token tile): int8 inputs, each token's 64-column chunk with its own scale (max |x|
 // / 127, round to nearest even: ops/act_int8.h is the CPU twin), and the int4 codes made int8 (16
@@ -334,7 +335,8 @@ __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
 // then the rest, and only the first group is waited for here (the kernel's threads then arrive on
 // its x_rest mbarrier once the rest has landed; with F16 each thread first makes its own pieces of
 // the rest fp16 in place, convert_staged_rest).
-// F16: staged as fp16 x / 16 (bf16x8_to_f16x8_16th).
+// Convert (F16 from bf16 inputs): staged as fp16 x / 16 (bf16x8_to_f16x8_16th); F16 from a
+// producer's fp16 copy (XCopy) stages its bytes as they are.
 //
 // The async form's pieces [e0, e1) of every token's row (16-byte pieces of its staged columns) that
 // this thread copies: f(t, col), piece i = t * w + e advanced by the block's size without a division.
@@ -369,7 +371,7 @@ __device__ __forceinline__ void convert_staged_rest(__nv_bfloat16* x_smem, int x
   convert_staged(x_smem, x_stride, T, staged_first_pieces(c_begin, c_end, first_chunks),
                  (c_end - c_begin) * kChunk / 8);
 }
-template <GemvGate G, bool Async, bool F16, class AfterLoads>
+template <GemvGate G, bool Async, bool Convert, class AfterLoads>
 __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                                              __nv_bfloat16* x_smem, int x_stride, int T, int K, int c_begin,
                                              int c_end, int first_chunks, AfterLoads after_loads) {
@@ -388,7 +390,7 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
     copy_cols(first, row);
     after_loads();
     cp_async_wait<1>();
-    if constexpr (F16) convert_staged(x_smem, x_stride, T, 0, first);
+    if constexpr (Convert) convert_staged(x_smem, x_stride, T, 0, first);
   } else {
     bool asked = false;
     for (int i = threadIdx.x; i < total; i += blockDim.x) {
@@ -401,7 +403,7 @@ __device__ __forceinline__ void stage_inputs(const __nv_bfloat16* __restrict__ x
         asked = true;
       }
       if constexpr (G != GemvGate::kNone) v = gate8<G>(v, vb);
-      if constexpr (F16) v = bf16x8_to_f16x8_16th(v);
+      if constexpr (Convert) v = bf16x8_to_f16x8_16th(v);
       *reinterpret_cast<uint4*>(x_smem + t * x_stride + e) = v;
     }
     if (!asked) after_loads();
@@ -482,10 +484,11 @@ __device__ __forceinline__ void stage_twin(const int8_t* __restrict__ xq, const 
 // from a producer's twin by stage_twin; x_stride is then tma_x8_stride, in bytes) or kA8Twin (a
 // producer's twin read through L1: xq i8 [T, K], xq_scale f32 [T, K / 64], GemvInt8In).
 // F16: the inputs as fp16 x / 16 (staged so, or without XSmem a producer's copy: x then holds fp16)
-// and the codes made fp16 (codes_to_f16).
+// and the codes made fp16 (codes_to_f16). XCopy (F16 with XSmem): x is a producer's fp16 copy of
+// x / 16 too, staged as it is (the same values the staging would make of x: launch_tma).
 constexpr int kA8Staged = 1, kA8Twin = 2;
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0, bool F16 = false>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0, bool F16 = false, bool XCopy = false>
 __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     qgemv_tma_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ xb,
                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K,
@@ -495,6 +498,8 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   static_assert(A8 != kA8Twin || (!XSmem && NT == 1 && G == GemvGate::kNone), "a twin is read through L1");
   static_assert(!XAhead || SU == 1, "inputs ahead of a stage of one unit only");
   static_assert(!F16 || (NT == 1 && A8 == 0), "fp16 inputs at one token tile");
+  static_assert(!XCopy || (F16 && XSmem && G == GemvGate::kNone), "a staged fp16 copy is the whole input");
+  constexpr bool kConvert = F16 && !XCopy;  // the staged bf16 inputs made fp16
   constexpr int V = NT <= 2 ? 2 : 1;  // chunks interleaved (more tiles bring their own chains)
   constexpr int SC = SU * kUnitChunks;  // chunks a stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -569,9 +574,9 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
       for (int i = early; i < ring; ++i) request(i);
   };
   if constexpr (A8 == 0 && XSmem) {
-    stage_inputs<G, SU == 1, F16>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, SC, request_rest);
+    stage_inputs<G, SU == 1, kConvert>(x, xb, x_smem, x_stride, T, K, c_begin, c_end, SC, request_rest);
     __syncthreads();  // also orders x_rest's init before the arrivals
-    if constexpr (kSplitStaging && !F16) cp_async_mbar_arrive(&x_rest);
+    if constexpr (kSplitStaging && !kConvert) cp_async_mbar_arrive(&x_rest);
   } else {
     request_rest();
   }
@@ -717,7 +722,7 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     int i = 0;
     if constexpr (kSplitStaging) {  // stage 0 reads only the first group of the inputs
       if (my_stages > 0) run_stage(i++);
-      if constexpr (F16) {
+      if constexpr (kConvert) {
         convert_staged_rest(x_smem, x_stride, T, c_begin, c_end, SC);
         mbar_arrive(&x_rest);
       }
@@ -734,11 +739,11 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
 // The kernel's dynamic shared-memory limit raised to what an SM's opt-in allows beside its static
 // shared memory; once per kernel. Returns the GPU's SM count.
 template <int NT, int MinBlocks, bool XAhead, bool XSmem, GemvGate G = GemvGate::kNone, int SU = stage_units(NT),
-          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0, bool F16 = false>
+          int S = stages_for(NT), int MaxThreads = kWarps * 32, int A8 = 0, bool F16 = false, bool XCopy = false>
 int tma_kernel_ready() {
   static const int sms = [] {
-    raise_dynamic_smem_limit(
-        reinterpret_cast<const void*>(qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S, MaxThreads, A8, F16>));
+    raise_dynamic_smem_limit(reinterpret_cast<const void*>(
+        qgemv_tma_kernel<NT, MinBlocks, XAhead, XSmem, G, SU, S, MaxThreads, A8, F16, XCopy>));
     return sm_count();
   }();
   return sms;
@@ -856,7 +861,9 @@ inline size_t tma_narrow_x_smem_bytes(int T, int K, int unit_bytes, int warps) {
 // f16 (one token tile, with x_smem_allowed): the launches that stage their inputs take them as fp16
 // (F16), and so do unsplit ones, whose narrow blocks stage x where it fits beside their rings in
 // one block's shared memory. x_f16 (optional, one token tile): a producer's fp16 copy of x / 16,
-// which unsplit launches read through L1 a stage ahead (F16, at any count of tokens).
+// which unsplit launches read through L1 a stage ahead (F16, at any count of tokens), and launches
+// that stage their inputs stage as it is (F16 with XCopy, at any count of tokens: no pass making
+// the staged inputs fp16, which at 5-8 tokens cost what the fp16 codes save).
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
@@ -868,28 +875,34 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       const dim3 grid((N + kTileRows - 1) / kTileRows, splits), block(kWarps * 32);
       const size_t smem = tma_x_smem_bytes(form, T, K, splits, w.unit_bytes);
       const int stride = tma_x_stride(K, splits);
-      auto go = [&](auto g, auto f) {
+      const bool copy = x_f16 && gate == GemvGate::kNone;
+      const __nv_bfloat16* xin = copy ? reinterpret_cast<const __nv_bfloat16*>(x_f16) : x;
+      // f: F16; c: XCopy.
+      auto go = [&](auto g, auto f, auto c) {
         constexpr GemvGate G = decltype(g)::value;
-        constexpr bool F = decltype(f)::value;
+        constexpr bool F = decltype(f)::value, C = decltype(c)::value;
         constexpr int Threads = kWarps * 32;
         if (form == XSmemForm::kTwoUnitStages) {
           constexpr int SU = stage_units(NT), S = stages_for(NT);
-          tma_kernel_ready<NT, MinBlocks, XAhead, true, G, SU, S, Threads, 0, F>();
-          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, SU, S, Threads, 0, F>, grid,
-                        block, smem, s, w, x, xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
+          tma_kernel_ready<NT, MinBlocks, XAhead, true, G, SU, S, Threads, 0, F, C>();
+          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, SU, S, Threads, 0, F, C>, grid,
+                        block, smem, s, w, xin, xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
         } else {
           constexpr int S = kOneUnitXSmemStages;
-          tma_kernel_ready<NT, MinBlocks, XAhead, true, G, 1, S, Threads, 0, F>();
-          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, 1, S, Threads, 0, F>, grid,
-                        block, smem, s, w, x, xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
+          tma_kernel_ready<NT, MinBlocks, XAhead, true, G, 1, S, Threads, 0, F, C>();
+          launch_kernel("qgemv_tma", qgemv_tma_kernel<NT, MinBlocks, XAhead, true, G, 1, S, Threads, 0, F, C>, grid,
+                        block, smem, s, w, xin, xb, out, partial, counters, T, N, K, stride, nullptr, nullptr);
         }
       };
       auto gated = [&](auto f) {
-        if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{}, f);
-        else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{}, f);
-        else go(std::integral_constant<GemvGate, GemvGate::kNone>{}, f);
+        const std::false_type staged;  // not a copy
+        if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{}, f, staged);
+        else if (gate == GemvGate::kMulSigmoid)
+          go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{}, f, staged);
+        else go(std::integral_constant<GemvGate, GemvGate::kNone>{}, f, staged);
       };
-      if (f16) gated(std::true_type{});
+      if (copy) go(std::integral_constant<GemvGate, GemvGate::kNone>{}, std::true_type{}, std::true_type{});
+      else if (f16) gated(std::true_type{});
       else gated(std::false_type{});
       return;
     }

@@ -242,7 +242,8 @@ int g_tokens = [] {
 // 0) cost what the codes save: verify 8 at 4k 6.277-6.326 ms against 6.240-6.253 with bf16, and
 // 6.261-6.275 against 6.258-6.271 with 4 as the bound, which gains at 2 and 4 tokens (verify 2
 // 5.389-5.419 against 5.485-5.521, verify 4 5.679-5.715 against 5.717-5.722; H200,
-// docs/perf/2026-12-04-s45-cuda-27b.md).
+// docs/perf/2026-12-04-s45-cuda-27b.md). Launches given a producer's fp16 copy take it at 1-8 tokens
+// (launch_tma), which needs no such pass.
 constexpr int kF16MaxTokens = 4;
 
 // Whether T tokens of one launch take the wide kernel (qgemv_wide.cuh): 9 or more (at 2-8 tokens it
