@@ -634,17 +634,21 @@ TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
 // linear_swiglu, the small dense GEMV of two parts), the same bits on a second launch, and the
 // tiled parts given the fp16 copy against those without it. Then a down_proj of the product, a
 // second linear_add_rms_norm, given the product's fp16 copy from linear_swiglu and not. Shapes: the
-// 27B's o_proj (gated by sigmoid) and down, and N 320 (a short last tile) at group 64.
+// 27B's o_proj (gated by sigmoid) and down; H 1152, where the unsplit gate_up (the 27B's 34,816
+// rows) takes 18 chunks a row block: 5 stages a warp, the last of 2 chunks, and the early refill
+// of stage 2 asks for it; and N 320 (a short last tile) at group 64.
 TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
   struct Shape {
     int H, K, group;
     bool gated;
     int I;
     std::array<int, 3> parts;
+    bool unsplit_gate_up = false;  // checked: gate_up takes one split (narrow blocks) at one token
   };
   constexpr float kEps = 1e-6f;
   for (const Shape& sh : {Shape{5120, 6144, 128, true, 17408, {4096, 1024, 1024}},
                           Shape{5120, 17408, 128, false, 17408, {4096, 1024, 1024}},
+                          Shape{1152, 3072, 128, false, 17408, {1024, 256, 128}, true},
                           Shape{320, 1024, 64, false, 448, {128, 64, 48}}}) {
     const int H = sh.H, K = sh.K, I = sh.I, Nq = sh.parts[0] + sh.parts[1] + sh.parts[2];
     constexpr int kSmallRows = 48;  // each of the small GEMV's two parts
@@ -663,6 +667,9 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
     down_c.dense = cpu.upload(down.dense.data(), DType::kF32, {H, I}, DType::kF32);
     small_c.dense = cpu.upload(small.data(), DType::kF32, {2 * kSmallRows, H}, DType::kF32);
     small_g.dense = gpu->upload(small.data(), DType::kF32, {2 * kSmallRows, H}, DType::kBF16);
+    if (sh.unsplit_gate_up) {
+      EXPECT_EQ(cuda::w4a16_gemv_splits(1, 2 * I, H), 1) << "H" << H << " gate_up unsplit";
+    }
     for (int T : {1, 3, 8}) {
       const std::string what = "H" + std::to_string(H) + " K" + std::to_string(K) + " T" + std::to_string(T);
       const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng),

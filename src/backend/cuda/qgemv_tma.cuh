@@ -175,6 +175,19 @@ __device__ __forceinline__ void chunk_codes(const uint4* chunks, const float2* s
   }
 }
 
+// Early refill: 0, computed from one register of each of the slot's loads into wv and sv, so the
+// request it is added to waits for all of them to land: a bulk copy's writes to the slot are not
+// ordered after the warp's plain loads from it by anything else (the sums that use them come after
+// the request). T (> 0) gives the mask a bit the compiler cannot know to be zero. One register a
+// load is enough: each wv[v] is one LDS.128 and each sv[v] one LDS.64, whose registers land together.
+template <int V>
+__device__ __forceinline__ uint32_t landed_zero(const uint4 (&wv)[V], const float2 (&sv)[V], int T) {
+  uint32_t d = 0;
+#pragma unroll
+  for (int v = 0; v < V; ++v) d ^= wv[v].x ^ __float_as_uint(sv[v].x);
+  return d & (static_cast<uint32_t>(T) >> 31);
+}
+
 // F16: a word's codes (nibbles n = q + 8; A register r from bits 4r .. 4r + 3 and 16 + 4r ..) as
 // the mma A registers of fp16 16 q, exact. Registers 0 and 2 (the nibbles at bits 0-3 and 16-19 of
 // the word, then of the word shifted by 8) are put into the mantissa of fp16 1024 (1024 + n), then
@@ -205,17 +218,12 @@ __device__ __forceinline__ uint4 bf16x8_to_f16x8_16th(uint4 v) {
                     bf16x2_to_f16x2_16th(v.w));
 }
 
-// acc += V chunks of a stage (from chunk u0; chunks: the stage's u32 [kUnitChunks][32][4], scales:
-// its slots f32 [slots][8][2]), their k-steps interleaved so the V accumulator chains of the tensor
-// cores overlap. xv: their inputs (load_inputs; F16: fp16 x / 16); soff[u]: chunk u's scales, in
-// float2 of `scales`.
+// acc += V chunks of codes held in registers (wv, sv: chunk_codes), their k-steps interleaved so
+// the V accumulator chains of the tensor cores overlap. xv: their inputs (load_inputs; F16: fp16
+// x / 16).
 template <int NT, int V, bool F16 = false>
-__device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* scales, int u0, int lane,
-                                             const uint4 (&xv)[V][NT][2], const int (&soff)[kUnitChunks],
-                                             float (&acc)[NT][4]) {
-  uint4 wv[V];
-  float2 sv[V];
-  chunk_codes<V>(chunks, scales, u0, lane, soff, wv, sv);
+__device__ __forceinline__ void chunk_sums(const uint4 (&wv)[V], const float2 (&sv)[V], const uint4 (&xv)[V][NT][2],
+                                           float (&acc)[NT][4]) {
   float p[V][NT][4] = {};
 #pragma unroll
   for (int j = 0; j < 4; ++j)  // k-step j: columns 4j.. of the lane's x words (h = j / 2)
@@ -245,6 +253,19 @@ __device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* 
       acc[nt][2] += sv[v].y * p[v][nt][2];
       acc[nt][3] += sv[v].y * p[v][nt][3];
     }
+}
+
+// acc += V chunks of a stage (from chunk u0; chunks: the stage's u32 [kUnitChunks][32][4], scales:
+// its slots f32 [slots][8][2]), read from the slot as they are summed. soff[u]: chunk u's scales,
+// in float2 of `scales`.
+template <int NT, int V, bool F16 = false>
+__device__ __forceinline__ void stage_chunks(const uint4* chunks, const float2* scales, int u0, int lane,
+                                             const uint4 (&xv)[V][NT][2], const int (&soff)[kUnitChunks],
+                                             float (&acc)[NT][4]) {
+  uint4 wv[V];
+  float2 sv[V];
+  chunk_codes<V>(chunks, scales, u0, lane, soff, wv, sv);
+  chunk_sums<NT, V, F16>(wv, sv, xv, acc);
 }
 
 // A8: the int4 codes of word w (nibbles 0, 2, 4, 6: row g; 1, 3, 5, 7: row g + 8; stored q + 8)
@@ -527,9 +548,10 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   const uint32_t last_bytes = w.copy_bytes(last_chunks);
   uint64_t* const my_full = full + warp * S;
   unsigned char* const my_ring = rings + warp * S * stage_bytes;
-  auto request = [&](int i) {
+  // after: 0, but computed from values the request must wait for (landed_zero).
+  auto request = [&](int i, uint32_t after = 0) {
     const int slot = i % S;
-    const uint32_t bytes = i == n_stages - 1 ? last_bytes : static_cast<uint32_t>(stage_bytes);
+    const uint32_t bytes = (i == n_stages - 1 ? last_bytes : static_cast<uint32_t>(stage_bytes)) + after;
     mbar_arrive_expect_tx(&my_full[slot], bytes);
     bulk_copy_g2s(my_ring + slot * stage_bytes, src0 + int64_t(i) * stage_bytes, bytes, &my_full[slot]);
   };
@@ -681,8 +703,28 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
     // Stage i: its weights waited for and added up, its slot refilled.
     auto run_stage = [&](int i) {
       const int slot = i % S;
+      bool refilled = false;  // the slot was refilled before the sums (early refill)
       if (whole(i)) {
-        if constexpr (XAhead) {
+        if constexpr (XAhead && F16) {
+          // Early refill: the stage's codes and scales into registers, its slot refilled, then the
+          // sums, so the slot's next copy is in flight during them (a ring of 2 stages otherwise
+          // asks for a stage only once the one before it in the slot is summed). F16 only: the
+          // bf16 form spilled with it (12 bytes at 96 registers).
+          uint4 xv[kUnitChunks][NT][2];
+          load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
+          mbar_wait(&my_full[slot], (i / S) & 1);
+          uint4 wv[kUnitChunks];
+          float2 sv[kUnitChunks];
+          chunk_codes<kUnitChunks>(unit_chunks(slot, 0), unit_scales(slot, 0), 0, lane, soff, wv, sv);
+          __syncwarp();
+          if (lane == 0 && i + S < my_stages) request(i + S, landed_zero(wv, sv, T));
+          refilled = true;
+#pragma unroll
+          for (int u0 = 0; u0 < kUnitChunks; u0 += V)
+            chunk_sums<NT, V, F16>(reinterpret_cast<const uint4(&)[V]>(wv[u0]),
+                                   reinterpret_cast<const float2(&)[V]>(sv[u0]),
+                                   reinterpret_cast<const uint4(&)[V][NT][2]>(xv[u0]), acc);
+        } else if constexpr (XAhead) {
           uint4 xv[kUnitChunks][NT][2];
           load_inputs<NT, kUnitChunks, XSmem>(xs, 0, xv);
           mbar_wait(&my_full[slot], (i / S) & 1);
@@ -713,8 +755,10 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
                                      q % kUnitChunks, lane, xv, soff, acc);
           }
       }
-      __syncwarp();  // every lane has read the slot before it is refilled
-      if (lane == 0 && i + S < my_stages) request(i + S);
+      if (!refilled) {
+        __syncwarp();  // every lane has read the slot before it is refilled
+        if (lane == 0 && i + S < my_stages) request(i + S);
+      }
       DS_STAMP(5, i == 0 && threadIdx.x == 0);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) xs[nt] += SC * kChunk;
