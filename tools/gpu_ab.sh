@@ -2,7 +2,8 @@
 # Interleaved decode A/B on the device machine: settings (a build and environment switches) run
 # in rounds, every setting once per configuration in each round, each run a process of its own,
 # so drift of the machine falls on all settings alike. Prints every setting's rows (decode and
-# verify lines of `bench model`) sorted by setting, then the optional kernel timelines.
+# verify lines of `bench model`) sorted by setting, then the optional kernel timelines, then each
+# setting's medians and their differences from the first setting's (tools/ab_table.py).
 #   builds: .devbuild/ (tools/gpu_check.sh --pack) and experiment builds .devbuild-alt/REV/
 #           (tools/gpu_check.sh --pack-alt REV), carried as tools/gpu_check.sh describes.
 #   env: AB_VARS    "NAME:BUILD[:VAR=VALUE[,VAR=VALUE...][:ARG[+ARG...]]] ..."; BUILD "." is
@@ -67,4 +68,6 @@ for spec in ${AB_TRACES:-}; do
   echo "== timeline: $tname, $tokens-token steps"
   head -"${AB_TRACE_LINES:-20}" "$L/trace_${tname}_t$tokens.txt" 2>/dev/null | cut -c1-200
 done
+echo "== medians"
+python3 tools/ab_table.py "$L/summary.txt" || status=1
 exit $status
