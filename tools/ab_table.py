@@ -38,7 +38,8 @@ def main(path):
     base = settings[0]
     for s in settings:
         cells = "".join(f"{med[(s, c)]:9.3f}" if (s, c) in med else f"{'-':>9}" for c in configs)
-        r = f"{med[(s, 'V8@4k')] / med[(s, 'V1@4k')]:9.3f}" if ratio and (s, "V8@4k") in med else ""
+        both = ratio and (s, "V8@4k") in med and (s, "V1@4k") in med
+        r = f"{med[(s, 'V8@4k')] / med[(s, 'V1@4k')]:9.3f}" if both else ""
         print(f"{s:10}{cells}{r}")
     print(f"less {base}'s")
     for s in settings[1:]:
