@@ -118,6 +118,20 @@ bool defer_norms() {
   static const bool on = cuda::env_flag("DS_DEFER_NORM", true);
   return on;
 }
+
+// Where a kernel writes out's fp16 copy / 16 (f16, out's shape) for the linear that reads out: the
+// buffer *half where `makes` (this launch makes one) and it has one; else null, and *half emptied
+// so that the consumer reads out itself. half null: no copy asked for.
+__half* half_copy_of(Tensor* half, Tensor out, bool makes, const char* what) {
+  if (!half) return nullptr;
+  if (!makes || !half->data) {
+    *half = {};
+    return nullptr;
+  }
+  DS_ASSERT(half->dtype == DType::kF16 && half->numel() == out.numel(), "%s: an fp16 copy %s for out%s", what,
+            half->shape_str().c_str(), out.shape_str().c_str());
+  return static_cast<__half*>(half->data);
+}
 }  // namespace
 
 CudaOps::CudaOps(const CudaOpsOptions& options) : impl_(new Impl()), options_(options) {
@@ -523,17 +537,11 @@ void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor
       (scale.empty() || cuda::w4a16_gemv_scales_output(T))) {
     cuda::GemvOut o = cuda::GemvOut::swiglu_of(B(out), N);
     o.norm = norm_scale_of(scale, K);
-    if (half && half->data && makes_half_copy(T, N / 2)) {
-      DS_ASSERT(half->dtype == DType::kF16 && half->numel() == out.numel(), "linear_swiglu: an fp16 copy %s for out%s",
-                half->shape_str().c_str(), out.shape_str().c_str());
-      o.f16 = static_cast<__half*>(half->data);
-    } else if (half) {
-      *half = {};
-    }
+    o.f16 = half_copy_of(half, out, makes_half_copy(T, N / 2), "linear_swiglu");
     linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin, scale.half);
     return;
   }
-  if (half) *half = {};
+  half_copy_of(half, out, false, "linear_swiglu");  // the paired rows' kernel makes none
   linear_w4a16_paired_rows(B(x), T, K, w, B(out), nullptr, true, scale);
 }
 
@@ -893,13 +901,9 @@ cuda::GdnNorm CudaOps::gdn_norm(Tensor z, Tensor norm_w, const GdnShape& sh, flo
   norm.sigmoid_gate = sigmoid_gate;
   if (!half) return norm;
   const int64_t T = out.dim(0);
-  if (half->data && T > 0 && cuda::gdn_norm_copies(gdn_head_parts(sh)) && makes_half_copy(T, out.numel() / T)) {
-    DS_ASSERT(half->dtype == DType::kF16 && half->numel() == out.numel(), "gdn norm: an fp16 copy %s for out%s",
-              half->shape_str().c_str(), out.shape_str().c_str());
-    norm.f16 = static_cast<__half*>(half->data);
-  } else {
-    *half = {};
-  }
+  norm.f16 = half_copy_of(half, out,
+                          T > 0 && cuda::gdn_norm_copies(gdn_head_parts(sh)) && makes_half_copy(T, out.numel() / T),
+                          "gdn norm");
   return norm;
 }
 
