@@ -1,9 +1,10 @@
 // Helpers shared by the CUDA op tests: the relative RMS error they report, random inputs already
-// rounded to bf16 so both backends see identical values, the check of a producer's fp16 copy, and
-// bytes written over a device tensor.
+// rounded to bf16 so both backends see identical values, a NaN-filled buffer for a producer's fp16
+// copy and the check of that copy, and bytes written over a device tensor.
 #pragma once
 
 #include <cuda_runtime.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
@@ -55,6 +56,16 @@ inline int sixteenth_misses(Ops& ops, Tensor h, Tensor half) {
 inline bool set_bytes(Tensor t, int value) {
   return cudaDeviceSynchronize() == cudaSuccess && cudaMemset(t.data, value, t.nbytes()) == cudaSuccess &&
          cudaDeviceSynchronize() == cudaSuccess;
+}
+
+// A scratch buffer f16 [T, D] for a producer's fp16 copy, every value NaN (so that a value the
+// producer did not write fails sixteenth_misses), where `want` and ops makes a copy for that shape;
+// else an empty tensor, which asks for none.
+inline Tensor nan_half_copy(Ops& ops, bool want, int64_t T, int64_t D) {
+  if (!want || !ops.makes_half_copy(T, D)) return {};
+  Tensor half = ops.scratch(DType::kF16, {T, D});
+  EXPECT_TRUE(set_bytes(half, 0xFF));
+  return half;
 }
 
 }  // namespace ds::cuda_test

@@ -38,6 +38,7 @@ using cuda_test::rel_rms;
 using cuda_test::random_bf16;
 using cuda_test::set_bytes;
 using cuda_test::sixteenth_misses;
+using cuda_test::nan_half_copy;
 
 constexpr double kCopyGbps = 4260;  // H200 device copy bandwidth measured here (DESIGN.md §6)
 
@@ -693,10 +694,7 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
         NormedAct out{ops.scratch(dt, {T, H}), {}};
         // The fp16 copy of out.h / 16 where the backend makes one (CUDA at 1-8 tokens), which the
         // unsplit gate_up reads instead of out.h (the 27B's I: 34,816 rows).
-        Tensor half = copy && defer && ops.makes_half_copy(T, H) ? ops.scratch(DType::kF16, {T, H}) : Tensor{};
-        if (half.data) {  // NaN where unwritten
-          EXPECT_TRUE(set_bytes(half, 0xFF));
-        }
+        Tensor half = nan_half_copy(ops, copy && defer, T, H);
         ops.linear_add_rms_norm(ag, sh.gated ? &bg : nullptr, GateAct::kMulSigmoid, wp, xg, wn, kEps, ss, out, {},
                                 half);
         if (&ops == gpu.get()) {
@@ -718,11 +716,7 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
                              ops.scratch(dt, {T, sh.parts[2]})};
         ops.linear_parts(out.h, wq, q, false, out.scale);
         Tensor gate = ops.scratch(dt, {T, I}), up = ops.scratch(dt, {T, I}), gated = ops.scratch(dt, {T, I});
-        Tensor gated_half = gated_copy && defer && ops.makes_half_copy(T, I) ? ops.scratch(DType::kF16, {T, I})
-                                                                             : Tensor{};
-        if (gated_half.data) {
-          EXPECT_TRUE(set_bytes(gated_half, 0xFF));
-        }
+        Tensor gated_half = nan_half_copy(ops, gated_copy && defer, T, I);
         ops.linear_swiglu(out.h, wgu, gate, up, gated, out.scale, &gated_half);
         if (&ops == gpu.get()) {
           EXPECT_EQ(gated_half.data != nullptr, gated_copy && defer && cuda::w4a16_gemv_reads_f16_copy(T))

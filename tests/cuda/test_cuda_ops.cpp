@@ -20,7 +20,7 @@ namespace {
 
 using cuda_test::rel_rms;
 using cuda_test::random_bf16;
-using cuda_test::set_bytes;
+using cuda_test::nan_half_copy;
 using cuda_test::sixteenth_misses;
 
 class CudaOpsTest : public ::testing::Test {
@@ -329,10 +329,7 @@ TEST_F(CudaOpsTest, GdnGatesAndDeltaRule) {
                                       norm_w.first, 1e-6f, sig, normed_out.first);
         // With a buffer for the output's fp16 copy (out_proj's input): filled by the one-token and
         // verify kernels at up to 8 tokens, and then out / 16.
-        Tensor half = gpu->makes_half_copy(T, Hv * dv) ? gpu->scratch(DType::kF16, {T, Hv * dv}) : Tensor{};
-        if (half.data) {  // NaN where unwritten
-          EXPECT_TRUE(set_bytes(half, 0xFF));
-        }
+        Tensor half = nan_half_copy(*gpu, true, T, Hv * dv);
         gpu->gdn_gates_delta_rule_norm(qkv.second, a.second, b.second, a_log.second, dt_bias.second, sh, 1, z.second,
                                        norm_w.second, 1e-6f, sig, normed_out.second, &half);
         expect_close(normed_out, tol, "gdn_rule_norm_" + what);
@@ -425,10 +422,7 @@ TEST_F(CudaOpsTest, ConvGdnNormMatchesSeparate) {
       EXPECT_EQ(gpu->gdn_takes_conv(sh, K), decode && cuda::gdn_conv_fits(static_cast<int>(lens.size()), Hv)) << what;
       fused_steps += gpu->gdn_takes_conv(sh, K);
       auto out = outputs({T, Hv * dv});
-      Tensor half = gpu->makes_half_copy(T, Hv * dv) ? gpu->scratch(DType::kF16, {T, Hv * dv}) : Tensor{};
-      if (half.data) {  // NaN where unwritten
-        EXPECT_TRUE(set_bytes(half, 0xFF));
-      }
+      Tensor half = nan_half_copy(*gpu, true, T, Hv * dv);
       gpu->conv_gdn_norm(mixed.gpu, conv_w.gpu, a.gpu, b.gpu, a_log.gpu, dt_bias.gpu, sh, 1, z.gpu, norm_w.gpu, 1e-6f,
                          sig, out.second, &half);
       // The fp16 copy (out_proj's input) wherever the conv is in the kernel (the one-token kernel)
