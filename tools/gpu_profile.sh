@@ -7,6 +7,7 @@
 #        DS_PROFILE_DETAIL=1  also the full sections of DS_PROFILE_LAUNCHES (default 4) launches of
 #                         the kernels matching DS_PROFILE_KERNEL (a regex, default qgemv: a step's
 #                         first four GEMVs), after DS_PROFILE_SKIP (default 0) matching launches
+#        DS_PROFILE_TIMES=0  skip the per-kernel table (the detail pass alone)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_profile}"
@@ -16,6 +17,7 @@ NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/
 [ -n "$NCU" ] || { echo "no ncu on this machine"; exit 1; }
 TAG=${DS_PROFILE_TAG:-decode}
 REPS=2  # timed steps; bench model also runs 2 warm-up steps, all four are profiled
+if [ "${DS_PROFILE_TIMES:-1}" != 0 ]; then
 # shellcheck disable=SC2086
 "$NCU" --clock-control none --cache-control none --profile-from-start off --metrics gpu__time_duration.sum --csv \
   --page raw \
@@ -40,6 +42,7 @@ for n, t in sorted(tot.items(), key=lambda kv: -kv[1])[:25]:
     print(f"{t/steps/1e3:10.1f} us/step {cnt[n]/steps:6.0f} launches  {100*t/all_t:5.1f}%  {n}")
 PY
 grep -E "^(kind|decode)" "$OUT/ncu_$TAG.csv" | head -3
+fi
 if [ "${DS_PROFILE_DETAIL:-0}" = 1 ]; then
   # By default the first 4 GEMVs of a step: GDN in_proj (qkv+z), out_proj, MLP gate_up, down; full
   # sections into a report, then its details, its raw warp-stall counters, and the sampled stalls
