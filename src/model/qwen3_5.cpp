@@ -119,12 +119,14 @@ void Qwen35Model::attention_block(const LayerWeights& L, const NormedAct& in, Te
   ops_.attention_prep(q_gate, key_states, w.q_norm, w.k_norm, cfg_.rms_norm_eps, cfg_.rotary_dim, cfg_.rope_theta,
                       query_states, gate);
 
+  // o_proj(attn * sigmoid(gate)), the gate applied by the attention op, which may also make the
+  // gated output's fp16 copy for o_proj
   Tensor attn_output = act({T, nH * hd});
-  ops_.attention(query_states, key_states, value_states, L.cache_index, 1.0f / std::sqrt(static_cast<float>(hd)),
-                 attn_output);
-  // o_proj(attn * sigmoid(gate))
-  ops_.linear_add_rms_norm(attn_output, &gate, GateAct::kMulSigmoid, w.o_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
-                           out, next.twin, next.half);
+  Tensor attn_half = half_copy(T, nH * hd);
+  ops_.gated_attention(query_states, key_states, value_states, L.cache_index,
+                       1.0f / std::sqrt(static_cast<float>(hd)), gate, attn_output, &attn_half);
+  ops_.linear_add_rms_norm(attn_output, nullptr, GateAct::kMulSigmoid, w.o_proj, x, next.w, cfg_.rms_norm_eps, next.ss,
+                           out, next.twin, next.half, attn_half);
 }
 
 // The SiLU-gated MLP on in (the post-attention norm, act [T, H]); its down_proj is added to x.

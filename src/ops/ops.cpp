@@ -93,6 +93,13 @@ void Ops::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const Line
   out.scale = {};
 }
 
+void Ops::gated_attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor gate, Tensor out,
+                          Tensor* half) {
+  if (half) *half = {};
+  attention(q, k, v, kv_layer, scale, out);
+  sigmoid_mul(out, gate);
+}
+
 void Ops::gdn_gates_delta_rule(Tensor qkv, Tensor a, Tensor b, Tensor a_log, Tensor dt_bias, const GdnShape& shape,
                                int state_layer, Tensor out) {
   const int64_t T = a.dim(0), Hv = a.dim(1);

@@ -280,6 +280,13 @@ class Ops {
   // attention of q over the sequence's cache. q act [T, nH, hd]; k, v act [T, nKV, hd];
   // out act [T, nH * hd]
   virtual void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) = 0;
+  // The gated attention's output, its o_proj's input: attention, then out *= sigmoid(gate) as
+  // sigmoid_mul rounds it. gate act [T, nH * hd]. half (optional): a buffer f16 [T, nH * hd] (where
+  // makes_half_copy) the backend fills with out's fp16 copy / 16 for o_proj (linear_add_rms_norm's
+  // a_half), or empties where it makes none. The default runs attention and sigmoid_mul and makes
+  // none; CUDA gates where it merges the key splits at decode and verify.
+  virtual void gated_attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor gate, Tensor out,
+                               Tensor* half = nullptr);
   // x act [R, D] *= sigmoid(gate act [R, D])
   virtual void sigmoid_mul(Tensor x, Tensor gate) = 0;
   // out act [T, D1 + D2] = concat(a act [T, D1], b act [T, D2]) along the last dim

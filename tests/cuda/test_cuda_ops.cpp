@@ -489,5 +489,61 @@ TEST_F(CudaOpsTest, PagedAttentionGqa) {
   cuda::set_attention_decode_tc(tc_before);
 }
 
+// The gated attention (o_proj's input: attention, then out * sigmoid(gate)) equals attention and
+// sigmoid_mul bit for bit, where the merge of the key splits applies the gate as where a kernel of
+// its own does; with the 27B's group of 6 query heads a KV head and head dim 256, so one sequence's
+// steps take both decode-sized kernels (1 and 3 tokens: attention_decode_kernel; 8: the flash
+// kernel) with split keys, and the short first step and the prefill take the separate gate. Where
+// the merge gates a step of 1-8 tokens it also fills the fp16 copy (out / 16); elsewhere it leaves
+// none.
+TEST_F(CudaOpsTest, GatedAttentionMatchesSeparate) {
+  const bool tc_before = cuda::attention_decode_tc();
+  for (bool tc : {true, false}) {
+    cuda::set_attention_decode_tc(tc);
+    const int nH = 12, nKV = 2, hd = 256, bs = 16, max_blocks = 40, D = nH * hd;
+    CacheGeometry g;
+    g.n_kv_layers = 2, g.n_blocks = max_blocks, g.block_size = bs, g.n_kv_heads = nKV, g.head_dim = hd;
+    g.n_state_layers = 1, g.n_slots = 1, g.conv_rows = 1, g.conv_dim = 1, g.n_v_heads = 1, g.k_head_dim = 1,
+    g.v_head_dim = 1;
+    cpu.alloc_caches(g);
+    gpu->alloc_caches(g);
+    int past = 0;
+    for (int T : {4, 600, 1, 8, 3, 1}) {
+      const std::string what = "T " + std::to_string(T) + " at " + std::to_string(past) + (tc ? " tc" : " simt");
+      begin(make_plan({T}, {past}, bs, max_blocks));
+      auto q = both(random_bf16(T * nH * hd, rng), {T, nH, hd});
+      auto k = both(random_bf16(T * nKV * hd, rng), {T, nKV, hd});
+      auto v = both(random_bf16(T * nKV * hd, rng), {T, nKV, hd});
+      auto gate = both(random_bf16(T * D, rng, 2.f), {T, D});
+      auto out = outputs({T, D});
+      const float scale = 1.0f / std::sqrt(float(hd));
+      cpu.gated_attention(q.first, k.first, v.first, 1, scale, gate.first, out.first);
+      Tensor half = nan_half_copy(*gpu, true, T, D);
+      const bool asked = half.data != nullptr;
+      gpu->gated_attention(q.second, k.second, v.second, 1, scale, gate.second, out.second, &half);
+      // The separate ops, on the other KV layer (the same keys appended there).
+      Tensor sep = gpu->scratch(DType::kBF16, {T, D});
+      gpu->attention(q.second, k.second, v.second, 0, scale, sep);
+      gpu->sigmoid_mul(sep, gate.second);
+      std::vector<float> fused(T * D), separate(T * D);
+      gpu->download_f32(out.second, fused.data());
+      gpu->download_f32(sep, separate.data());
+      int differ = 0;
+      for (size_t i = 0; i < fused.size(); ++i) differ += fused[i] != separate[i];
+      EXPECT_EQ(differ, 0) << what << ": outputs that differ from attention and sigmoid_mul";
+      expect_close(out, 1e-2, "gated_attention " + what);
+      // The merge gates the decode-sized steps with past keys (split); the first step (one split)
+      // and the prefill go through sigmoid_mul.
+      EXPECT_EQ(half.data != nullptr, asked && tc && T <= 8 && past > 0) << what << ": fp16 copy";
+      if (half.data) {
+        EXPECT_EQ(sixteenth_misses(*gpu, out.second, half), 0) << what << " fp16 copy";
+      }
+      gpu->reset_scratch();
+      past += T;
+    }
+  }
+  cuda::set_attention_decode_tc(tc_before);
+}
+
 }  // namespace
 }  // namespace ds

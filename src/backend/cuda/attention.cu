@@ -214,18 +214,23 @@ __global__ void __launch_bounds__(kWarps * 32) attention_kernel(
 // Batch: splits a warp loads at once, kCombineBatch where a warp has more than one split (decode,
 // verify), else 1: the registers of 8 splits a thread left 2 CTAs an SM, and a 1k prefill's combine
 // (24,576 rows of 2 splits) took 1.7 ms longer (H200, docs/perf/2026-12-01-s16-cuda-27b.md).
+// gate (AttnGate): each thread's gate value is read before pdl_wait too. It comes from a kernel
+// before the attention kernel, which waited for it to finish before it let this one start.
 constexpr int kCombineWarps = 8;
 constexpr int kCombineBatch = 8;
+static_assert(kCombineWarps * 32 >= kMaxHeadDim, "a thread a head dim of the row");
 
 template <int Batch>
 __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(
     const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens, int t_begin, int nH,
-    int hd, int n_splits, int min_chunk, int max_chunk) {
+    int hd, int n_splits, int min_chunk, int max_chunk, AttnGate gate) {
   __shared__ float warp_m[kCombineWarps], warp_l[kCombineWarps];
   __shared__ float warp_acc[kCombineWarps][kMaxHeadDim];
   const int th = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t = t_begin + th / nH, s = seq_of_token[t];
   const int len = cu_seqlens[s + 1] - cu_seqlens[s];
+  const int64_t at = (int64_t(t) * nH + th % nH) * hd + threadIdx.x;  // the thread's element of out
+  const float g = gate.gate && int(threadIdx.x) < hd ? to_f32(gate.gate[at]) : 0.f;
   pdl_wait();  // launch.cuh: the partials come from the attention kernel
   pdl_trigger();
   if (len <= min_chunk || len > max_chunk) return;  // the whole CTA
@@ -283,12 +288,15 @@ __global__ void __launch_bounds__(kCombineWarps * 32) attention_combine_kernel(
     f[w] = warp_m[w] == -INFINITY ? 0.f : expf(warp_m[w] - M);
     L += warp_l[w] * f[w];
   }
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float v = 0.f;
+  if (int(threadIdx.x) >= hd) return;
+  float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < kCombineWarps; ++w) v += warp_acc[w][d] * f[w];
-    out[(int64_t(t) * nH + th % nH) * hd + d] = to_bf16(v / L);
-  }
+  for (int w = 0; w < kCombineWarps; ++w) v += warp_acc[w][threadIdx.x] * f[w];
+  bf16 o = to_bf16(v / L);
+  if (gate.gate) o = to_bf16(to_f32(o) * sigmoid_f(g));  // as sigmoid_mul_kernel
+  out[at] = o;
+  if (gate.half)  // o / 16 as bf16x2_to_f16x2_16th makes it (the GEMV's F16 inputs)
+    reinterpret_cast<uint16_t*>(gate.half)[at] = static_cast<uint16_t>(bf16x2_to_f16x2_16th(__bfloat16_as_ushort(o)));
 }
 
 }  // namespace
@@ -349,13 +357,14 @@ void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, b
 
 void launch_attention_combine(const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                               int t_begin, int t_end, int min_chunk, int max_chunk, int nH, int hd, int n_splits,
-                              cudaStream_t s) {
+                              cudaStream_t s, AttnGate gate) {
   DS_ASSERT(hd % 8 == 0 && hd <= kMaxHeadDim, "attention combine: head_dim %d", hd);
+  DS_ASSERT(gate.gate || !gate.half, "attention combine: an fp16 copy of the gated output only");
   const int TH = (t_end - t_begin) * nH;
   if (TH <= 0) return;
   auto* kernel = n_splits > kCombineWarps ? attention_combine_kernel<kCombineBatch> : attention_combine_kernel<1>;
   launch_kernel("attention_combine", kernel, TH, kCombineWarps * 32, 0, s, partial, out, seq_of_token, cu_seqlens,
-                t_begin, nH, hd, n_splits, min_chunk, max_chunk);
+                t_begin, nH, hd, n_splits, min_chunk, max_chunk, gate);
 }
 
 }  // namespace ds::cuda

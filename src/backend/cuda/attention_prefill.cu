@@ -708,7 +708,7 @@ void launch_attention_prefill(const bf16* q, bf16* k_cache, bf16* v_cache, const
                               bf16* out, float* partial, int n_splits, const int32_t* seq_of_token,
                               const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables,
                               int max_blocks, int T, int n_seqs, int min_len, int max_len, int pack, int nH, int nKV,
-                              int hd, int block_size, float scale, cudaStream_t s) {
+                              int hd, int block_size, float scale, cudaStream_t s, AttnGate gate) {
   if (T == 0) return;
   DS_ASSERT(attention_prefill_supported(hd), "attention_prefill: head_dim %d unsupported", hd);
   DS_ASSERT(nKV > 0 && nH % nKV == 0, "attention_prefill: %d query heads over %d kv heads", nH, nKV);
@@ -735,8 +735,10 @@ void launch_attention_prefill(const bf16* q, bf16* k_cache, bf16* v_cache, const
   if (hd == 64) go(std::integral_constant<int, 64>{});
   else if (hd == 128) go(std::integral_constant<int, 128>{});
   else go(std::integral_constant<int, 256>{});
+  DS_ASSERT(n_splits > 1 || (!gate.gate && !gate.half), "attention_prefill: a gate needs split partials to merge");
   if (n_splits > 1)
-    launch_attention_combine(partial, out, seq_of_token, cu_seqlens, 0, T, min_len, max_len, nH, hd, n_splits, s);
+    launch_attention_combine(partial, out, seq_of_token, cu_seqlens, 0, T, min_len, max_len, nH, hd, n_splits, s,
+                             gate);
 }
 
 }  // namespace ds::cuda

@@ -721,9 +721,9 @@ void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const 
                 ss.dim(1) == T && (!b || b->numel() == a.numel()),
             "linear_add_rms_norm shapes: x%s out%s norm%s sums%s", x.shape_str().c_str(), out.h.shape_str().c_str(),
             norm_w.shape_str().c_str(), ss.shape_str().c_str());
-  // A gated input: gated while the GEMV stages it where it can, else by its own kernel first (as
-  // gated_linear's default: the attention's o_proj at 5-8 tokens, whose two inputs do not fit
-  // beside its rings).
+  // A gated input (the ops contract's; the model's gated attention gates its own output): gated
+  // while the GEMV stages it where it can, else by its own kernel first (as gated_linear's default:
+  // at 5-8 tokens two inputs do not fit beside the rings).
   Tensor in = a;
   const bf16* xb = nullptr;
   cuda::GemvGate gate = cuda::GemvGate::kNone;
@@ -1010,6 +1010,21 @@ bool CudaOps::gdn_verify_head() const {
 }
 
 void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) {
+  attend(q, k, v, kv_layer, scale, out, nullptr, nullptr);
+}
+
+void CudaOps::gated_attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor gate, Tensor out,
+                              Tensor* half) {
+  expect_bf16(gate, "gated_attention gate");
+  DS_ASSERT(gate.numel() == out.numel(), "gated_attention: gate%s for out%s", gate.shape_str().c_str(),
+            out.shape_str().c_str());
+  if (attend(q, k, v, kv_layer, scale, out, &gate, half)) return;
+  half_copy_of(half, out, false, "gated_attention");
+  sigmoid_mul(out, gate);
+}
+
+bool CudaOps::attend(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out, const Tensor* gate,
+                     Tensor* half) {
   const int T = static_cast<int>(q.dim(0)), nH = static_cast<int>(q.dim(1)), hd = static_cast<int>(q.dim(2));
   const int nKV = static_cast<int>(k.dim(1));
   DS_ASSERT(nKV == geo_.n_kv_heads && hd == geo_.head_dim, "attention geometry");
@@ -1066,7 +1081,7 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
                                    impl_->stream);
     scratch_release(mark);  // queued work runs before the memory is handed out again
   }
-  if (t_end <= t_begin) return;
+  if (t_end <= t_begin) return false;
   if (tc && cuda::attention_decode_tc()) {
     // Partials are indexed by token from 0: t_end rows.
     // attention_decode_kernel's CTAs run in one wave (a second would double the chain of a CTA's
@@ -1076,12 +1091,19 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
     const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, least,
                                                         warps ? 1 : 2, budget);
     float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(t_end) * nH * n_splits, hd + 2})) : nullptr;
+    // The gate where the merge of the splits writes every row: no prefill rows beside.
+    cuda::AttnGate attn_gate;
+    const bool gated = gate && !prefill && n_splits > 1;
+    if (gated) {
+      attn_gate.gate = B(*gate);
+      attn_gate.half = half_copy_of(half, out, makes_half_copy(T, out.numel() / T), "gated_attention");
+    }
     cuda::launch_attention_prefill(B(q), kc, vc, in_kernel_append ? B(k) : nullptr,
                                    in_kernel_append ? B(v) : nullptr, B(out), partial, n_splits, impl_->seq_of_token,
                                    impl_->cu_seqlens, impl_->n_past, impl_->block_tables, table_width_, t_end,
                                    plan_.n_seqs(), 0, split_max_chunk, pack, nH, nKV, hd, geo_.block_size, scale,
-                                   impl_->stream);
-    return;
+                                   impl_->stream, attn_gate);
+    return gated;
   }
   const int n_rows = t_end - t_begin;
   const int row_groups = cuda::attention_row_groups(split_max_chunk, nH, nKV);
@@ -1090,6 +1112,7 @@ void CudaOps::attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale,
   cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, row_groups, split_ctx, impl_->seq_of_token,
                          impl_->cu_seqlens, impl_->n_past, impl_->block_tables, table_width_, t_begin, t_end,
                          plan_.n_seqs(), split_max_chunk, nH, nKV, hd, geo_.block_size, scale, impl_->stream);
+  return false;
 }
 
 void CudaOps::sample(Tensor logits, const std::vector<SampleRowSpec>& specs, SampledToken* out) {

@@ -109,6 +109,11 @@ class CudaOps final : public Ops {
   void attention_prep(Tensor p, Tensor k, Tensor q_norm, Tensor k_norm, float eps, int rotary_dim, double theta,
                       Tensor q, Tensor gate) override;
   void attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out) override;
+  // The gate (and its fp16 copy for o_proj, at the steps makes_half_copy allows) applied where the
+  // key splits are merged, at decode and verify steps whose rows all take the tensor-core decode
+  // kernels in more than one split; else attention, then sigmoid_mul.
+  void gated_attention(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor gate, Tensor out,
+                       Tensor* half) override;
   void sigmoid_mul(Tensor x, Tensor gate) override;
   void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) override;
   // The fp16 copy (half) where the GEMV's epilogue writes the product and its launches read copies.
@@ -153,6 +158,10 @@ class CudaOps final : public Ops {
   // gdn_verify_head, else 2), or cuda::kGdnHeadPair (a CTA pair a head) at verify steps of 4 or
   // more tokens whose pairs fit one wave.
   int gdn_head_parts(const GdnShape& sh) const;
+  // attention; gate (optional, gated_attention's) applied, and half filled or emptied, where the
+  // step's split merge can take them. Returns whether it did.
+  bool attend(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Tensor out, const Tensor* gate,
+              Tensor* half);
   // The W4A16 (tiled) linear of x bf16 [T, K] into one output or the parts of a fused weight.
   // xb, gate: a gated input (cuda::w4a16_gemv_gates_input), else null and kNone. out.norm: a
   // producer's (cuda::w4a16_gemv_norms_output), or a consumer's scale, applied by scale_rows after

@@ -444,12 +444,20 @@ void launch_attention(const bf16* q, const bf16* k_cache, const bf16* v_cache, b
                       int n_splits, int row_groups, int max_ctx, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                       const int32_t* n_past, const int32_t* block_tables, int max_blocks, int t_begin, int t_end,
                       int n_seqs, int max_chunk, int nH, int nKV, int hd, int block_size, float scale, cudaStream_t s);
+// The attention's output gate, applied where the split partials are merged (launch_attention_combine):
+// out = bf16(out * sigmoid(gate)), rounded as launch_sigmoid_mul rounds it, and, with half, its fp16
+// copy half = out / 16 (the gated attention's o_proj reads it: CudaOps::gated_attention). gate bf16
+// and half f16 of out's shape, [T, nH*hd]; both null: no gate.
+struct AttnGate {
+  const bf16* gate = nullptr;
+  __half* half = nullptr;
+};
 // Merges split partials f32 [t_end - t_begin, nH, n_splits, hd + 2] (accumulator, max, sum)
 // into out bf16 [T, nH*hd] for the tokens t_begin <= t < t_end of sequences with
-// min_chunk < new tokens <= max_chunk.
+// min_chunk < new tokens <= max_chunk; gate (optional) then applied to those rows.
 void launch_attention_combine(const float* partial, bf16* out, const int32_t* seq_of_token, const int32_t* cu_seqlens,
                               int t_begin, int t_end, int min_chunk, int max_chunk, int nH, int hd, int n_splits,
-                              cudaStream_t s);
+                              cudaStream_t s, AttnGate gate = {});
 // Whether launch_attention_prefill has a kernel for this head dim (64, 128, 256).
 bool attention_prefill_supported(int hd);
 // Whether launch_attention_prefill gives the sequences of at most max_len new tokens, their
@@ -471,11 +479,12 @@ int attention_prefill_splits(int n_seqs, int T, int nH, int hd, int max_ctx, int
 // k_new, v_new: null when the step's keys and values are in the caches (launch_kv_append), or
 // those (bf16 [T, nKV, hd]) for attention_decode_kernel to append itself (min_len 0, and
 // attention_decode_takes(max_len, pack)), so that it can ask for the cached ones before pdl_wait.
+// gate: applied by the merge of the splits (n_splits > 1), to the rows of those sequences.
 void launch_attention_prefill(const bf16* q, bf16* k_cache, bf16* v_cache, const bf16* k_new, const bf16* v_new,
                               bf16* out, float* partial, int n_splits, const int32_t* seq_of_token,
                               const int32_t* cu_seqlens, const int32_t* n_past, const int32_t* block_tables,
                               int max_blocks, int T, int n_seqs, int min_len, int max_len, int pack, int nH, int nKV,
-                              int hd, int block_size, float scale, cudaStream_t s);
+                              int hd, int block_size, float scale, cudaStream_t s, AttnGate gate = {});
 // Which kernel takes the sequences of at most 16 new tokens (decode, verify) where the tensor-
 // core kernel has the head dim: true (default), launch_attention_prefill with GQA packing; false,
 // the CUDA-core split-KV kernel (launch_attention). env DS_ATTN_DECODE = tc | simt; tests may
