@@ -14,8 +14,8 @@
 #        AB_CFGS    bench model arguments of each configuration, ";"-separated (default: batch 1
 #                   and 8 at 1k; verify 1 and 8 at 4k)
 #        AB_TRACES  "NAME:TOKENS ..." of settings in AB_VARS: a kernel timeline of each
-#                   (tools/gpu_trace.sh; TOKENS 1: decode steps at 1k, else verify blocks of
-#                   that many tokens at 4k)
+#                   (tools/gpu_trace.sh; TOKENS 1: decode steps at 1k, v1: one-token steps at 4k
+#                   (decode, the verify ratio's base), else verify blocks of that many tokens at 4k)
 #        AB_TRACE_LINES lines of each timeline's table printed (default 20)
 #        DS_TRACE_BY_PREV 1: the timelines' rows also by the kernel before (tools/gpu_trace.sh)
 # Logs and the timelines' tables go to $OUT/ab/.
@@ -61,11 +61,15 @@ for spec in ${AB_TRACES:-}; do
     status=1
     continue
   fi
-  if [ "$tokens" = 1 ]; then targs="--batches 1 --contexts 1024 --verify 0"; else targs="--batches 1 --contexts 4096 --verify $tokens"; fi
+  case "$tokens" in
+    1) targs="--batches 1 --contexts 1024 --verify 0"; step_tokens=1 ;;
+    v1) targs="--batches 1 --contexts 4096 --verify 0"; step_tokens=1 ;;
+    *) targs="--batches 1 --contexts 4096 --verify $tokens"; step_tokens=$tokens ;;
+  esac
   # shellcheck disable=SC2086
-  env ${vars//,/ } OUT="$L" DS_TRACE_BIN="$bin" DS_TRACE_ARGS="$targs ${args//+/ }" DS_TRACE_TOKENS="$tokens" \
+  env ${vars//,/ } OUT="$L" DS_TRACE_BIN="$bin" DS_TRACE_ARGS="$targs ${args//+/ }" DS_TRACE_TOKENS="$step_tokens" \
     DS_TRACE_TAG="${tname}_t$tokens" tools/gpu_trace.sh > /dev/null 2>&1 || status=1
-  echo "== timeline: $tname, $tokens-token steps"
+  echo "== timeline: $tname, $targs"
   head -"${AB_TRACE_LINES:-20}" "$L/trace_${tname}_t$tokens.txt" 2>/dev/null | cut -c1-200
 done
 echo "== medians"
