@@ -235,6 +235,17 @@ struct StepStreamProbe {
   int gap_ns = 0, grab = 0, reps = 5;
 };
 double step_stream_probe_ms(const StepStreamProbe& p);
+// An instruction-fetch probe (code_probe.cu): the median over `reps` launches of the median CTA's
+// clock cycles to run `kilobytes` (4, 16, 32, 64 or 128) of FFMA code, 8 independent chains a
+// thread, in `ctas` CTAs (at most one an SM) of `threads`: as straight-line code, or rolled (the
+// same FFMAs as a loop of a 1 KB body); its code cold (other code just run on every SM) or warm
+// (the same launch just run).
+struct CodeProbe {
+  int kilobytes = 64;
+  bool rolled = false, cold = true;
+  int ctas = 48, threads = 256, reps = 15;
+};
+double code_probe_cycles(const CodeProbe& p);
 
 // W4A16 in the tiled layout of w4a16.cu, made at load from the compressed-tensors layout
 // (packed u32 [N, K/8], nibble j of word c = column 8c+j as q+8; scales f32 [N, K/group]).
