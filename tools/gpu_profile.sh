@@ -8,6 +8,13 @@
 #                         the kernels matching DS_PROFILE_KERNEL (a regex, default qgemv: a step's
 #                         first four GEMVs), after DS_PROFILE_SKIP (default 0) matching launches
 #        DS_PROFILE_TIMES=0  skip the per-kernel table (the detail pass alone)
+#        DS_PROFILE_SECTIONS  the detail pass's ncu sections (default "--set full"); e.g.
+#                         "--section WarpStateStats --section SourceCounters" for the stall reasons
+#        DS_PROFILE_REPLAY=application  the detail pass replays the whole run for each of its
+#                         passes instead of the kernel (default kernel: ncu runs the kernel again
+#                         for each pass, so the passes after the first find its code in the SM's
+#                         instruction caches; application replay keeps the step's own order, and
+#                         with few sections costs a few runs)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu_profile}"
@@ -48,7 +55,8 @@ if [ "${DS_PROFILE_DETAIL:-0}" = 1 ]; then
   # sections into a report, then its details, its raw warp-stall counters, and the sampled stalls
   # of each SASS instruction (sass_stalls_$TAG.csv; the busiest of each kernel printed).
   # shellcheck disable=SC2086
-  "$NCU" --clock-control none --cache-control none --profile-from-start off --set full \
+  "$NCU" --clock-control none --cache-control none --profile-from-start off ${DS_PROFILE_SECTIONS:---set full} \
+    --replay-mode "${DS_PROFILE_REPLAY:-kernel}" \
     --kernel-name "regex:${DS_PROFILE_KERNEL:-qgemv}" --launch-skip "${DS_PROFILE_SKIP:-0}" \
     --launch-count "${DS_PROFILE_LAUNCHES:-4}" --import-source no -f -o "$OUT/ncu_detail_$TAG" .devbuild/deltaserve bench model \
     --config configs/qwen3.8-27b.json --synthetic --profile --reps 1 --verify 0 --prefill 0 \

@@ -3,6 +3,7 @@
 // second step continuing from the caches). Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <functional>
@@ -547,11 +548,12 @@ TEST_F(CudaOpsTest, GatedAttentionMatchesSeparate) {
 
 // The instruction-fetch probe (code_probe.cu), as figures: the cycles a CTA takes for straight-line
 // FFMA code of 4-128 KB with its code cold (other code has just run on every SM) or warm, against
-// the same FFMAs as a loop; and the instructions a cycle each sub-partition issued (one is its
-// most). 48 CTAs of 8 warps are the one-token GDN kernel's grid at the 27B shape's 48 v-heads.
+// the same FFMAs as a loop; and the instructions a cycle each busy sub-partition issued (one is
+// its most). 48 CTAs of 8 warps are the one-token GDN kernel's grid at the 27B shape's 48 v-heads;
+// one warp, the last block of a split GEMV's tile adding up the partials (one token).
 TEST_F(CudaOpsTest, InstructionFetchFigures) {
   for (int ctas : {48, cuda::sm_count()})
-    for (int threads : {256, 512})
+    for (int threads : {32, 256, 512})
       for (int kb : {4, 16, 32, 64, 128}) {
         double c[3];  // straight cold, straight warm, rolled cold
         for (int form = 0; form < 3; ++form) {
@@ -564,8 +566,8 @@ TEST_F(CudaOpsTest, InstructionFetchFigures) {
           c[form] = cuda::code_probe_cycles(p);
           EXPECT_GT(c[form], 0);
         }
-        // A warp's FFMAs times the warps of a sub-partition, over the cycles.
-        const double issued = kb * 1024.0 / 16 * (threads / 32 / 4);
+        // A warp's FFMAs times the warps of a busy sub-partition, over the cycles.
+        const double issued = kb * 1024.0 / 16 * std::max(1, threads / 32 / 4);
         std::printf("[figure] code %3d KB, %3d CTAs x %2d warps: straight cold %7.0f cycles (%.2f a cycle), warm "
                     "%7.0f (%.2f), rolled %7.0f (%.2f)\n",
                     kb, ctas, threads / 32, c[0], issued / c[0], c[1], issued / c[1], c[2], issued / c[2]);

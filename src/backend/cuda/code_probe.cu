@@ -84,9 +84,8 @@ constexpr int rounds_of() {
 }  // namespace
 
 double code_probe_cycles(const CodeProbe& p) {
-  DS_ASSERT(p.ctas >= 1 && p.ctas <= sm_count() && p.threads % 128 == 0 && p.threads <= 1024 && p.reps >= 1,
-            "code probe: %d CTAs of %d threads (at most one an SM, whole warps on each sub-partition)", p.ctas,
-            p.threads);
+  DS_ASSERT(p.ctas >= 1 && p.ctas <= sm_count() && p.threads % 32 == 0 && p.threads <= 1024 && p.reps >= 1,
+            "code probe: %d CTAs of %d threads (at most one an SM, whole warps)", p.ctas, p.threads);
   float* sink = nullptr;
   long long* cycles = nullptr;
   CUDA_CHECK(cudaMalloc(&sink, 1024 * sizeof(float)));

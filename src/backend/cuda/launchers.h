@@ -237,9 +237,9 @@ struct StepStreamProbe {
 double step_stream_probe_ms(const StepStreamProbe& p);
 // An instruction-fetch probe (code_probe.cu): the median over `reps` launches of the median CTA's
 // clock cycles to run `kilobytes` (4, 16, 32, 64 or 128) of FFMA code, 8 independent chains a
-// thread, in `ctas` CTAs (at most one an SM) of `threads`: as straight-line code, or rolled (the
-// same FFMAs as a loop of a 1 KB body); its code cold (other code just run on every SM) or warm
-// (the same launch just run).
+// thread, in `ctas` CTAs (at most one an SM) of `threads` (whole warps): as straight-line code,
+// or rolled (the same FFMAs as a loop of a 1 KB body); its code cold (other code just run on every
+// SM) or warm (the same launch just run).
 struct CodeProbe {
   int kilobytes = 64;
   bool rolled = false, cold = true;
