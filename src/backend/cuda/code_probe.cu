@@ -8,9 +8,12 @@
 //
 // The work is FFMAs on kChains independent chains a thread (volatile asm: one FFMA each, 16 bytes
 // of SASS, none merged or dropped), so an SM sub-partition could issue one a cycle; each CTA
-// times its part with clock64 between two barriers. Cold: a kernel of kFlushKilobytes of other
+// times its part with clock64 between two barriers. Cold: a kernel of kCodeFlushKilobytes of other
 // straight-line code has just run on every SM (the probe's code then comes from L2, where a
 // step's kernels keep theirs); warm: the same probe launch has just run.
+//
+// launch_code_flush runs that kernel (or a small one) before the launches DS_FLUSH_CODE_BEFORE
+// names (launch.cuh), so a kernel timeline shows what a kernel of the step pays for its code.
 #include <algorithm>
 #include <vector>
 
@@ -21,10 +24,9 @@ namespace ds::cuda {
 
 namespace {
 
-constexpr int kChains = 8;           // independent FMA chains a thread
+constexpr int kChains = 8;                 // independent FMA chains a thread
 constexpr int kRoundBytes = kChains * 16;  // SASS bytes of one round (kChains FFMAs)
-constexpr int kRolledRounds = 8;     // rounds in the rolled loop's body (1 KB)
-constexpr int kFlushKilobytes = 256;
+constexpr int kRolledRounds = 8;           // rounds in the rolled loop's body (1 KB)
 
 // One round: a dependent FMA on each chain.
 __device__ __forceinline__ void fma_round(float (&x)[kChains], float a, float b) {
@@ -65,30 +67,56 @@ __global__ void code_probe_kernel(int loops, float a, float b, float never, floa
   keep(x, never, sink);
 }
 
-// Other straight-line code, run on every SM before a cold probe: it takes the SMs' instruction
-// caches (the probe's code stays in L2).
+// Rounds in KB of straight-line code.
+template <int KB>
+__host__ __device__ constexpr int rounds_of() {
+  return KB * 1024 / kRoundBytes;
+}
+
+// KB of other straight-line code, run on every SM before a cold probe (and by launch_code_flush):
+// the large form takes the SMs' instruction caches (the probe's code stays in L2).
+template <int KB>
 __global__ void code_flush_kernel(float a, float b, float never, float* sink) {
   float x[kChains];
 #pragma unroll
   for (int c = 0; c < kChains; ++c) x[c] = static_cast<float>(threadIdx.x - c);
 #pragma unroll
-  for (int r = 0; r < kFlushKilobytes * 1024 / kRoundBytes; ++r) fma_round(x, b, a);
+  for (int r = 0; r < rounds_of<KB>(); ++r) fma_round(x, b, a);
   keep(x, never, sink);
 }
 
-template <int KB>
-constexpr int rounds_of() {
-  return KB * 1024 / kRoundBytes;
+// A sink for the kernels' never-taken stores (1,024 floats), made once.
+float* flush_sink() {
+  static float* sink = [] {
+    float* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, 1024 * sizeof(float)));
+    return p;
+  }();
+  return sink;
+}
+
+void flush(int kilobytes, cudaStream_t s) {
+  const float a = 0.999f, b = 1e-3f, never = -12345.f;
+  const dim3 grid(2 * sm_count()), block(128);  // blocks on every SM
+  auto* kernel = kilobytes == kCodeFlushKilobytes ? code_flush_kernel<kCodeFlushKilobytes>
+                                                  : code_flush_kernel<kCodeFlushSmallKilobytes>;
+  kernel<<<grid, block, 0, s>>>(a, b, never, flush_sink());
+  CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
 
+void launch_code_flush(int kilobytes, cudaStream_t s) {
+  DS_ASSERT(kilobytes == kCodeFlushKilobytes || kilobytes == kCodeFlushSmallKilobytes, "code flush: %d KB",
+            kilobytes);
+  flush(kilobytes, s);
+}
+
 double code_probe_cycles(const CodeProbe& p) {
   DS_ASSERT(p.ctas >= 1 && p.ctas <= sm_count() && p.threads % 32 == 0 && p.threads <= 1024 && p.reps >= 1,
             "code probe: %d CTAs of %d threads (at most one an SM, whole warps)", p.ctas, p.threads);
-  float* sink = nullptr;
+  float* const sink = flush_sink();
   long long* cycles = nullptr;
-  CUDA_CHECK(cudaMalloc(&sink, 1024 * sizeof(float)));
   CUDA_CHECK(cudaMalloc(&cycles, size_t(p.ctas) * sizeof(long long)));
   const float a = 0.999f, b = 1e-3f, never = -12345.f;
   auto probe = [&](auto kb) {
@@ -113,14 +141,13 @@ double code_probe_cycles(const CodeProbe& p) {
   std::vector<double> medians;
   std::vector<long long> host(p.ctas);
   for (int r = 0; r < p.reps; ++r) {
-    if (p.cold) code_flush_kernel<<<2 * sm_count(), 128>>>(a, b, never, sink);
+    if (p.cold) flush(kCodeFlushKilobytes, nullptr);
     else launch();
     launch();
     CUDA_CHECK(cudaMemcpy(host.data(), cycles, host.size() * sizeof(long long), cudaMemcpyDeviceToHost));
     std::sort(host.begin(), host.end());
     medians.push_back(static_cast<double>(host[host.size() / 2]));
   }
-  CUDA_CHECK(cudaFree(sink));
   CUDA_CHECK(cudaFree(cycles));
   std::sort(medians.begin(), medians.end());
   return medians[medians.size() / 2];

@@ -34,27 +34,56 @@ bool env_flag(const char* name, bool dflt) {
   return dflt ? std::string(env) != "0" : std::string(env) == "1";
 }
 
-bool kernel_skipped(const char* name) {
-  static const std::vector<std::string> skipped = [] {
-    std::vector<std::string> v;
-    const char* env = std::getenv("DS_SKIP_KERNELS");
-    if (!env) return v;
-    std::string item;
-    for (const char* p = env;; ++p) {
-      if (*p == ',' || *p == '+' || *p == '\0') {
-        if (!item.empty()) v.push_back(item);
-        item.clear();
-        if (*p == '\0') break;
-      } else {
-        item += *p;
-      }
+namespace {
+// The launch names listed in env `var`, separated by ',' or '+' (the latter for tools/gpu_ab.sh
+// settings, whose variables are ','-separated).
+std::vector<std::string> env_names(const char* var) {
+  std::vector<std::string> v;
+  const char* env = std::getenv(var);
+  if (!env) return v;
+  std::string item;
+  for (const char* p = env;; ++p) {
+    if (*p == ',' || *p == '+' || *p == '\0') {
+      if (!item.empty()) v.push_back(item);
+      item.clear();
+      if (*p == '\0') break;
+    } else {
+      item += *p;
     }
-    if (!v.empty()) DS_LOG_WARN("cuda", "DS_SKIP_KERNELS=%s: these kernels are not launched; results are wrong", env);
-    return v;
-  }();
-  for (const std::string& s : skipped)
+  }
+  return v;
+}
+bool listed(const std::vector<std::string>& names, const char* name) {
+  for (const std::string& s : names)
     if (s == name) return true;
   return false;
+}
+}  // namespace
+
+bool kernel_skipped(const char* name) {
+  static const std::vector<std::string> skipped = [] {
+    std::vector<std::string> v = env_names("DS_SKIP_KERNELS");
+    if (!v.empty())
+      DS_LOG_WARN("cuda", "DS_SKIP_KERNELS=%s: these kernels are not launched; results are wrong",
+                  std::getenv("DS_SKIP_KERNELS"));
+    return v;
+  }();
+  return listed(skipped, name);
+}
+
+int code_flush_before(const char* name) {
+  static const std::vector<std::string> flushed = env_names("DS_FLUSH_CODE_BEFORE");
+  static const int kb = [] {
+    const char* env = std::getenv("DS_FLUSH_CODE_KB");
+    const int v = env ? std::atoi(env) : kCodeFlushKilobytes;
+    if (v != kCodeFlushKilobytes && v != kCodeFlushSmallKilobytes)
+      DS_FATAL("DS_FLUSH_CODE_KB must be %d or %d, not '%s'", kCodeFlushKilobytes, kCodeFlushSmallKilobytes, env);
+    if (!flushed.empty())
+      DS_LOG_WARN("cuda", "DS_FLUSH_CODE_BEFORE=%s: a %d KB code kernel runs before each of these launches",
+                  std::getenv("DS_FLUSH_CODE_BEFORE"), v);
+    return v;
+  }();
+  return listed(flushed, name) ? kb : 0;
 }
 
 bool env_choice(const char* name, const char* off, const char* on, bool dflt) {

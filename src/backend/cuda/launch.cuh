@@ -34,6 +34,7 @@ template <class... Params, class... Args>
 void launch_kernel_carveout(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                             int carveout, cudaStream_t s, Args&&... args) {
   if (kernel_skipped(name)) return;
+  if (const int kb = code_flush_before(name)) launch_code_flush(kb, s);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
