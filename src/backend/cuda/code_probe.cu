@@ -28,6 +28,10 @@ constexpr int kChains = 8;                 // independent FMA chains a thread
 constexpr int kRoundBytes = kChains * 16;  // SASS bytes of one round (kChains FFMAs)
 constexpr int kRolledRounds = 8;           // rounds in the rolled loop's body (1 KB)
 
+// Where the kernels' never-taken stores go (a global, not an allocation: launch_code_flush may run
+// while a graph is being captured).
+__device__ float g_code_sink[1024];
+
 // One round: a dependent FMA on each chain.
 __device__ __forceinline__ void fma_round(float (&x)[kChains], float a, float b) {
 #pragma unroll
@@ -35,17 +39,17 @@ __device__ __forceinline__ void fma_round(float (&x)[kChains], float a, float b)
 }
 
 // The chains' sum, stored only if it equals `never` (it does not), so that nothing is dropped.
-__device__ __forceinline__ void keep(const float (&x)[kChains], float never, float* sink) {
+__device__ __forceinline__ void keep(const float (&x)[kChains], float never) {
   float s = 0.f;
 #pragma unroll
   for (int c = 0; c < kChains; ++c) s += x[c];
-  if (s == never) sink[threadIdx.x] = s;
+  if (s == never) g_code_sink[threadIdx.x] = s;
 }
 
 // Rounds rounds of straight-line code (Rolled false), or `loops` turns of a loop of kRolledRounds
 // rounds (Rolled true); cycles[blockIdx.x]: thread 0's clock64 from the first barrier to the last.
 template <int Rounds, bool Rolled>
-__global__ void code_probe_kernel(int loops, float a, float b, float never, float* sink, long long* cycles) {
+__global__ void code_probe_kernel(int loops, float a, float b, float never, long long* cycles) {
   float x[kChains];
 #pragma unroll
   for (int c = 0; c < kChains; ++c) x[c] = static_cast<float>(threadIdx.x + c);
@@ -64,7 +68,7 @@ __global__ void code_probe_kernel(int loops, float a, float b, float never, floa
   __syncthreads();
   const long long t1 = clock64();
   if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
-  keep(x, never, sink);
+  keep(x, never);
 }
 
 // Rounds in KB of straight-line code.
@@ -76,23 +80,13 @@ __host__ __device__ constexpr int rounds_of() {
 // KB of other straight-line code, run on every SM before a cold probe (and by launch_code_flush):
 // the large form takes the SMs' instruction caches (the probe's code stays in L2).
 template <int KB>
-__global__ void code_flush_kernel(float a, float b, float never, float* sink) {
+__global__ void code_flush_kernel(float a, float b, float never) {
   float x[kChains];
 #pragma unroll
   for (int c = 0; c < kChains; ++c) x[c] = static_cast<float>(threadIdx.x - c);
 #pragma unroll
   for (int r = 0; r < rounds_of<KB>(); ++r) fma_round(x, b, a);
-  keep(x, never, sink);
-}
-
-// A sink for the kernels' never-taken stores (1,024 floats), made once.
-float* flush_sink() {
-  static float* sink = [] {
-    float* p = nullptr;
-    CUDA_CHECK(cudaMalloc(&p, 1024 * sizeof(float)));
-    return p;
-  }();
-  return sink;
+  keep(x, never);
 }
 
 void flush(int kilobytes, cudaStream_t s) {
@@ -100,7 +94,7 @@ void flush(int kilobytes, cudaStream_t s) {
   const dim3 grid(2 * sm_count()), block(128);  // blocks on every SM
   auto* kernel = kilobytes == kCodeFlushKilobytes ? code_flush_kernel<kCodeFlushKilobytes>
                                                   : code_flush_kernel<kCodeFlushSmallKilobytes>;
-  kernel<<<grid, block, 0, s>>>(a, b, never, flush_sink());
+  kernel<<<grid, block, 0, s>>>(a, b, never);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -115,16 +109,15 @@ void launch_code_flush(int kilobytes, cudaStream_t s) {
 double code_probe_cycles(const CodeProbe& p) {
   DS_ASSERT(p.ctas >= 1 && p.ctas <= sm_count() && p.threads % 32 == 0 && p.threads <= 1024 && p.reps >= 1,
             "code probe: %d CTAs of %d threads (at most one an SM, whole warps)", p.ctas, p.threads);
-  float* const sink = flush_sink();
   long long* cycles = nullptr;
   CUDA_CHECK(cudaMalloc(&cycles, size_t(p.ctas) * sizeof(long long)));
   const float a = 0.999f, b = 1e-3f, never = -12345.f;
   auto probe = [&](auto kb) {
     constexpr int KB = decltype(kb)::value;
     if (p.rolled)
-      code_probe_kernel<0, true><<<p.ctas, p.threads>>>(rounds_of<KB>() / kRolledRounds, a, b, never, sink, cycles);
+      code_probe_kernel<0, true><<<p.ctas, p.threads>>>(rounds_of<KB>() / kRolledRounds, a, b, never, cycles);
     else
-      code_probe_kernel<rounds_of<KB>(), false><<<p.ctas, p.threads>>>(0, a, b, never, sink, cycles);
+      code_probe_kernel<rounds_of<KB>(), false><<<p.ctas, p.threads>>>(0, a, b, never, cycles);
   };
   auto launch = [&] {
     switch (p.kilobytes) {

@@ -167,11 +167,10 @@ bool kernel_skipped(const char* name);
 // Diagnostics: before each launch whose name is listed in env DS_FLUSH_CODE_BEFORE (as
 // DS_SKIP_KERNELS lists them), a plain kernel of DS_FLUSH_CODE_KB (kCodeFlushKilobytes, the
 // default, or kCodeFlushSmallKilobytes) of straight-line code runs on every SM
-// (launch_code_flush). It ends before the launch starts, which so loses its early start; with
-// the large kernel the launch's code is then cold in every SM's instruction caches, with the small
-// one as the step leaves it, so a kernel timeline of the two tells what fetching its code costs
-// the launch in place. Results are right. Returns the kilobytes for `name`, 0 where it is not
-// listed.
+// (launch_code_flush), and the launch starts only once it has ended (no early start). After the
+// large kernel the launch's code is cold in every SM's instruction caches; after the small one it
+// is as the step leaves it. So kernel timelines of the two tell what fetching its code costs the
+// launch in place. Results are right. Returns the kilobytes for `name`, 0 where it is not listed.
 constexpr int kCodeFlushKilobytes = 256, kCodeFlushSmallKilobytes = 4;
 int code_flush_before(const char* name);
 void launch_code_flush(int kilobytes, cudaStream_t s);
