@@ -547,10 +547,11 @@ TEST_F(CudaOpsTest, GatedAttentionMatchesSeparate) {
 
 // The instruction-fetch probe (code_probe.cu), as figures: the cycles a CTA takes for straight-line
 // FFMA code of 4-128 KB with its code cold (other code has just run on every SM) or warm, against
-// the same FFMAs as a loop; and the instructions a cycle each busy sub-partition issued (one is
-// its most). 48 CTAs of 8 warps are the one-token GDN kernel's grid at the 27B shape's 48 v-heads;
-// one warp, the last block of a split GEMV's tile adding up the partials (one token). (A warm
-// launch of 48 CTAs may find other SMs than the launch before it; 132 CTAs fill every SM.)
+// the same FFMAs as a loop; and the FFMAs a cycle each busy sub-partition issued (one is its most;
+// the loop issues 3 instructions of its own a 64 FFMAs). 48 CTAs of 8 warps are the one-token GDN
+// kernel's grid at the 27B shape's 48 v-heads; one warp, the last block of a split GEMV's tile
+// adding up the partials (one token). (A warm launch of 48 CTAs may find other SMs than the launch
+// before it; 132 CTAs fill every SM.)
 TEST_F(CudaOpsTest, InstructionFetchFigures) {
   for (int ctas : {48, cuda::sm_count()})
     for (int threads : {32, 256, 512})
