@@ -8,6 +8,11 @@
 #
 #   tools/sass.sh FILE.cu [KERNEL [nvcc flags...]]
 #
+# env SASS_BY_LINE=SOURCE (a file name such as qgemv_kernel.cuh): the cubin is built with
+# -lineinfo, and each kernel's instructions are also counted by line of SOURCE, every instruction
+# for the outermost inlined frame in that file (tools/sass_stats.py lines): how big a function or a
+# call site is in the kernel.
+#
 # KERNEL: a substring of the mangled names of the kernels to print (all when empty), e.g.
 # 'ILi1ELi1ELb1ELb0ELNS0_8GemvGateE0ELi1ELi2ELi576ELi0ELb1E' for qgemv_tma_kernel<1, 1, true,
 # false, kNone, 1, 2, 576, 0, true>. Prints each kernel's demangled name, its instructions a
@@ -37,7 +42,11 @@ if [[ ! -x $dir/nvdisasm ]]; then
 fi
 
 name=$(basename "$src" .cu)
-"$nvcc" -cubin -arch=sm_90 -O3 -DNDEBUG -std=c++20 -Isrc "$@" "$src" -o "$dir/$name.cubin"
+by_line=${SASS_BY_LINE:-}
+"$nvcc" -cubin -arch=sm_90 -O3 -DNDEBUG -std=c++20 -Isrc ${by_line:+-lineinfo} "$@" "$src" -o "$dir/$name.cubin"
 python3 tools/sass_stats.py retag "$dir/$name.cubin" "$dir/$name.old.cubin"
-"$dir/nvdisasm" -c "$dir/$name.old.cubin" > "$dir/$name.sass"
+"$dir/nvdisasm" -c ${by_line:+-gi} "$dir/$name.old.cubin" > "$dir/$name.sass"
 python3 tools/sass_stats.py loops "$dir/$name.sass" "$kernel" --demangle "$dir/cu++filt"
+if [[ -n $by_line ]]; then
+  python3 tools/sass_stats.py lines "$dir/$name.sass" "$kernel" "$by_line" --demangle "$dir/cu++filt"
+fi

@@ -3,6 +3,12 @@
 
 retag IN OUT: a copy of an sm_90 cubin from CUDA 13's ptxas with the ELF header that CUDA 11.8
   wrote for sm_90 (OS ABI 0x33, ABI version 7, flags 0x5a055a), so 11.8's nvdisasm reads it.
+lines SASS KERNEL SOURCE [--demangle CUFILT] [--top N]: for each kernel of `nvdisasm -c -gi` output
+  (a cubin built with -lineinfo) whose mangled name holds KERNEL, its instructions by line of the
+  source file named SOURCE (a file name, e.g. qgemv_kernel.cuh): each instruction counts for the
+  outermost inlined frame that lies in SOURCE, so a call site counts all that is inlined under it
+  (a function's size in the kernel, all its forms: what one launch runs of it is the reader's to
+  work out). The N largest (25 by default), with the line's text.
 loops SASS [KERNEL] [--demangle CUFILT] [--min N]: for each kernel of `nvdisasm -c` output whose
   mangled name holds KERNEL, its instruction count and, for each loop of at least N instructions
   (16 by default; a branch back to a label, innermost first), its instructions by opcode. A loop
@@ -92,6 +98,48 @@ def loops(path, pattern, cufilt, least):
         sys.exit(f'{path}: no kernel whose mangled name holds {pattern!r}')
 
 
+def lines(path, pattern, source, cufilt, top):
+    text = open(path).read()
+    found = False
+    for name, part in kernels(text):
+        if pattern not in name:
+            continue
+        found = True
+        shown = name
+        if cufilt:
+            shown = subprocess.run([cufilt, name], capture_output=True, text=True).stdout.strip() or name
+        count = collections.Counter()
+        paths = {}
+        chain, key = [], None
+        for line in part.splitlines():
+            f = re.match(r'\s*//## File "([^"]+)", line (\d+)(.*)', line)
+            if f:  # a frame; innermost first, the chain ends with one not inlined
+                chain.append((f.group(1), int(f.group(2))))
+                if 'inlined at' not in f.group(3):
+                    key = None
+                    for file, ln in chain:
+                        if file.rsplit('/', 1)[-1] == source:
+                            key = ln  # the outermost such frame wins
+                            paths[source] = file
+                    chain = []
+                continue
+            if re.match(r'\s*/\*[0-9a-f]{4,}\*/', line):
+                count[key] += 1
+        total = sum(count.values())
+        print(f'== {shown}\n   {total} instructions, {total - count[None]} under lines of {source}')
+        src = []
+        if source in paths:
+            try:
+                src = open(paths[source]).read().splitlines()
+            except OSError:
+                pass
+        for ln, n in sorted(((k, v) for k, v in count.items() if k is not None), key=lambda kv: -kv[1])[:top]:
+            body = src[ln - 1].strip()[:90] if 0 < ln <= len(src) else ''
+            print(f'   {n:6d}  {source}:{ln:<5d} {body}')
+    if not found:
+        sys.exit(f'{path}: no kernel whose mangled name holds {pattern!r}')
+
+
 def main():
     args = sys.argv[1:]
     if len(args) == 3 and args[0] == 'retag':
@@ -104,6 +152,14 @@ def main():
                 opts[key] = args[i + 1]
                 del args[i:i + 2]
         loops(args[1], args[2] if len(args) > 2 else '', opts['--demangle'], int(opts['--min']))
+    elif len(args) >= 4 and args[0] == 'lines':
+        opts = {'--demangle': None, '--top': '25'}
+        for key in opts:
+            if key in args:
+                i = args.index(key)
+                opts[key] = args[i + 1]
+                del args[i:i + 2]
+        lines(args[1], args[2], args[3], opts['--demangle'], int(opts['--top']))
     else:
         sys.exit(__doc__)
 
