@@ -140,25 +140,25 @@ def lines(path, pattern, source, cufilt, top):
         sys.exit(f'{path}: no kernel whose mangled name holds {pattern!r}')
 
 
+def take_options(args, opts):
+    """opts (option -> default) with the values given in args, which loses them."""
+    for key in opts:
+        if key in args:
+            i = args.index(key)
+            opts[key] = args[i + 1]
+            del args[i:i + 2]
+    return opts
+
+
 def main():
     args = sys.argv[1:]
     if len(args) == 3 and args[0] == 'retag':
         retag(args[1], args[2])
     elif len(args) >= 2 and args[0] == 'loops':
-        opts = {'--demangle': None, '--min': '16'}
-        for key in opts:
-            if key in args:
-                i = args.index(key)
-                opts[key] = args[i + 1]
-                del args[i:i + 2]
+        opts = take_options(args, {'--demangle': None, '--min': '16'})
         loops(args[1], args[2] if len(args) > 2 else '', opts['--demangle'], int(opts['--min']))
     elif len(args) >= 4 and args[0] == 'lines':
-        opts = {'--demangle': None, '--top': '25'}
-        for key in opts:
-            if key in args:
-                i = args.index(key)
-                opts[key] = args[i + 1]
-                del args[i:i + 2]
+        opts = take_options(args, {'--demangle': None, '--top': '25'})
         lines(args[1], args[2], args[3], opts['--demangle'], int(opts['--top']))
     else:
         sys.exit(__doc__)
