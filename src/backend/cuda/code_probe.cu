@@ -27,6 +27,8 @@ namespace {
 constexpr int kChains = 8;                 // independent FMA chains a thread
 constexpr int kRoundBytes = kChains * 16;  // SASS bytes of one round (kChains FFMAs)
 constexpr int kRolledRounds = 8;           // rounds in the rolled loop's body (1 KB)
+// The FMAs' operands (x = a x + b on each chain), and a sum the chains never reach (keep).
+constexpr float kA = 0.999f, kB = 1e-3f, kNever = -12345.f;
 
 // Where the kernels' never-taken stores go (a global, not an allocation: launch_code_flush may run
 // while a graph is being captured).
@@ -90,11 +92,10 @@ __global__ void code_flush_kernel(float a, float b, float never) {
 }
 
 void flush(int kilobytes, cudaStream_t s) {
-  const float a = 0.999f, b = 1e-3f, never = -12345.f;
   const dim3 grid(2 * sm_count()), block(128);  // blocks on every SM
   auto* kernel = kilobytes == kCodeFlushKilobytes ? code_flush_kernel<kCodeFlushKilobytes>
                                                   : code_flush_kernel<kCodeFlushSmallKilobytes>;
-  kernel<<<grid, block, 0, s>>>(a, b, never);
+  kernel<<<grid, block, 0, s>>>(kA, kB, kNever);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -111,13 +112,12 @@ double code_probe_cycles(const CodeProbe& p) {
             "code probe: %d CTAs of %d threads (at most one an SM, whole warps)", p.ctas, p.threads);
   long long* cycles = nullptr;
   CUDA_CHECK(cudaMalloc(&cycles, size_t(p.ctas) * sizeof(long long)));
-  const float a = 0.999f, b = 1e-3f, never = -12345.f;
   auto probe = [&](auto kb) {
     constexpr int KB = decltype(kb)::value;
     if (p.rolled)
-      code_probe_kernel<0, true><<<p.ctas, p.threads>>>(rounds_of<KB>() / kRolledRounds, a, b, never, cycles);
+      code_probe_kernel<0, true><<<p.ctas, p.threads>>>(rounds_of<KB>() / kRolledRounds, kA, kB, kNever, cycles);
     else
-      code_probe_kernel<rounds_of<KB>(), false><<<p.ctas, p.threads>>>(0, a, b, never, cycles);
+      code_probe_kernel<rounds_of<KB>(), false><<<p.ctas, p.threads>>>(0, kA, kB, kNever, cycles);
   };
   auto launch = [&] {
     switch (p.kilobytes) {
