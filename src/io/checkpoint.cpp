@@ -120,14 +120,47 @@ Result<PackedLinear> Checkpoint::read_packed(const std::string& module, int64_t 
   const QuantConfig& q = config_.quant;
   if (!q.present)
     return invalid_argument("tensor '" + module + ".weight_packed' found but config.json has no quantization_config");
+  // The config groups' schemes may differ (int4 linears beside an int8 lm_head): the one whose
+  // words and groups a row the tensors have is the one that packed them. Two that both fit must
+  // mean the same values (the same bits, and the same groups or one a row).
+  auto shape_of = [&](const std::string& name) {
+    auto it = tensors_.find(name);
+    return it == tensors_.end() ? std::vector<int64_t>{} : it->second.info->shape;
+  };
+  const std::vector<int64_t> packed_shape = shape_of(module + ".weight_packed");
+  const std::vector<int64_t> scale_shape = shape_of(module + ".weight_scale");
+  const QuantScheme* scheme = nullptr;
+  for (const QuantScheme& s : q.schemes) {
+    const int per_word = 32 / s.bits;
+    if (packed_shape != std::vector<int64_t>{rows, (cols + per_word - 1) / per_word} ||
+        scale_shape != std::vector<int64_t>{rows, (cols + s.group_size - 1) / s.group_size})
+      continue;
+    if (scheme && (s.bits != scheme->bits || (s.group_size != scheme->group_size && scale_shape[1] > 1)))
+      return invalid_argument("tensors '" + module + ".weight_packed' and '.weight_scale' fit two schemes of " +
+                              "config.json's quantization_config that read them differently (" + scheme->name +
+                              " and " + s.name + ")");
+    if (!scheme) scheme = &s;
+  }
+  if (!scheme) {
+    std::string schemes;
+    for (const QuantScheme& s : q.schemes)
+      schemes += (schemes.empty() ? "" : ", ") + s.name + ": int" + std::to_string(s.bits) + " in groups of " +
+                 std::to_string(s.group_size);
+    const CheckpointTensor& t = tensors_.at(module + ".weight_packed");
+    return invalid_argument("tensors '" + module + ".weight_packed' " + shape_to_string(packed_shape) + " and '" +
+                            module + ".weight_scale' " +
+                            (scale_shape.empty() ? std::string("(missing)") : shape_to_string(scale_shape)) + " in " +
+                            *t.file + " fit no scheme of config.json's quantization_config (" + schemes + ") for a [" +
+                            std::to_string(rows) + ", " + std::to_string(cols) + "] weight");
+  }
   PackedLinear p;
-  p.bits = q.bits;
-  p.group_size = q.group_size;
+  p.bits = scheme->bits;
+  p.group_size = scheme->group_size;
   p.rows = rows;
   p.cols = cols;
-  const int per_word = 32 / q.bits;
+  const int per_word = 32 / p.bits;
   p.words_per_row = (cols + per_word - 1) / per_word;
-  const int64_t groups = (cols + q.group_size - 1) / q.group_size;
+  const int64_t groups = (cols + p.group_size - 1) / p.group_size;
   DS_ASSIGN_OR_RETURN(CheckpointTensor packed, get_exact(module + ".weight_packed", DType::kI32, {rows, p.words_per_row}));
   DS_ASSIGN_OR_RETURN(p.scales, read_f32(module + ".weight_scale", {rows, groups}));
   if (has(module + ".weight_shape")) {  // the unpadded [rows, cols]

@@ -50,8 +50,8 @@ class Reader {
   std::string path_;
 };
 
-// quantization_config: compressed-tensors pack-quantized, symmetric int4/int8 weight groups.
-// Anything else is refused by name rather than loaded wrongly.
+// quantization_config: compressed-tensors pack-quantized, symmetric int4/int8 weight groups, one
+// scheme a config group. Anything else is refused by name rather than loaded wrongly.
 Status parse_quant_config(const json& root, const std::string& path, QuantConfig* q) try {
   auto it = root.find("quantization_config");
   if (it == root.end() || it->is_null()) return Status();
@@ -64,7 +64,6 @@ Status parse_quant_config(const json& root, const std::string& path, QuantConfig
   if (format != "pack-quantized") return where("format \"" + format + "\" is not supported (pack-quantized only)");
   auto groups = qc.find("config_groups");
   if (groups == qc.end() || !groups->is_object() || groups->empty()) return where("has no config_groups");
-  bool first = true;
   for (auto g = groups->begin(); g != groups->end(); ++g) {
     const json& w = (*g).value("weights", json::object());
     if (!w.is_object()) return where("group '" + g.key() + "' has no weights scheme");
@@ -78,12 +77,7 @@ Status parse_quant_config(const json& root, const std::string& path, QuantConfig
     if (strategy != "group" || group_size <= 0 || group_size % 8 != 0)
       return where("group '" + g.key() + "': only the \"group\" strategy with a group_size multiple of 8");
     if (!symmetric) return where("group '" + g.key() + "': asymmetric (zero-point) weights are not supported yet");
-    if (!first && (bits != q->bits || group_size != q->group_size))
-      return where("mixes schemes across config_groups (not supported)");
-    q->bits = bits;
-    q->group_size = group_size;
-    q->symmetric = symmetric;
-    first = false;
+    q->schemes.push_back({g.key(), bits, group_size});
   }
   q->present = true;
   return Status();

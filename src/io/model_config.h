@@ -14,11 +14,18 @@ enum class LayerType { kLinearAttention, kFullAttention };
 
 // compressed-tensors "pack-quantized" weights (architecture reference §8): int4 (or int8) values
 // packed into int32 along the input dim, one signed scale per (row, group of input columns).
+// One weight scheme of quantization_config's config_groups: symmetric int weights in groups of
+// group_size input columns.
+struct QuantScheme {
+  std::string name;  // the config group's, e.g. "group_0"
+  int bits = 4;      // 4 or 8
+  int group_size = 128;
+};
 struct QuantConfig {
   bool present = false;
-  int bits = 4;
-  int group_size = 128;
-  bool symmetric = true;
+  // Every config group's scheme, in config order. A checkpoint may mix them (the body int4, the
+  // lm_head and embedding int8): a packed tensor's shapes say which one it is (Checkpoint::read_packed).
+  std::vector<QuantScheme> schemes;
 };
 
 struct ModelConfig {

@@ -22,7 +22,8 @@ enum class ParamKind { kNorm1p, kGain, kALog, kDtBias, kConv };
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
-  // An embedding table [rows, cols] in the backend's activation dtype.
+  // An embedding table [rows, cols] in the backend's activation dtype (dequantised where the
+  // checkpoint publishes it quantized).
   virtual Result<Tensor> embedding(const std::string& name, int64_t rows, int64_t cols) = 0;
   // The weights `names` of linears that share one input, part i [rows[i], cols]: each W4A16
   // where the source has it and the backend runs it, else dense; the parts stacked into one
@@ -39,6 +40,11 @@ class CheckpointSource final : public WeightSource {
  public:
   CheckpointSource(const Checkpoint& ck, Ops& ops) : ck_(ck), ops_(ops) {}
   Result<Tensor> embedding(const std::string& name, int64_t rows, int64_t cols) override {
+    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
+    if (ck_.is_quantized(module)) {  // a table published quantized (int8): dequantised, exact in fp32
+      DS_ASSIGN_OR_RETURN(std::vector<float> v, ck_.read_linear_f32(module, rows, cols));
+      return ops_.upload(v.data(), DType::kF32, {rows, cols}, ops_.act_dtype());
+    }
     DS_ASSIGN_OR_RETURN(CheckpointTensor t, ck_.get_float(name, {rows, cols}));
     return ops_.upload(t.data, t.info->dtype, {rows, cols}, ops_.act_dtype());
   }
