@@ -78,6 +78,30 @@ StepPlan make_plan(const std::vector<int>& lens, const std::vector<int>& past, i
   return p;
 }
 
+// Weights upload from f32, bf16 and fp16 host data as bf16 or f32, converted a piece of 4 M values
+// at a time: a tensor of more than two pieces, ending on a short one, arrives whole and rounded
+// once (bf16 and fp16 values of the host data exactly).
+TEST_F(CudaOpsTest, UploadConvertsEveryPiece) {
+  const int64_t n = (int64_t(1) << 23) + 1001;
+  std::vector<float> h = random_bf16(n, rng);
+  std::vector<uint16_t> hb(n), hh(n);
+  for (int64_t i = 0; i < n; ++i) {
+    hb[i] = f32_to_bf16(h[i]);
+    hh[i] = f32_to_f16(h[i]);
+  }
+  auto download = [&](Tensor t) {
+    std::vector<float> v(n);
+    gpu->download_f32(t, v.data());
+    return v;
+  };
+  EXPECT_EQ(download(gpu->upload(h.data(), DType::kF32, {n}, DType::kBF16)), h);
+  EXPECT_EQ(download(gpu->upload(h.data(), DType::kF32, {n}, DType::kF32)), h);
+  EXPECT_EQ(download(gpu->upload(hb.data(), DType::kBF16, {n}, DType::kBF16)), h);
+  std::vector<float> from_f16(n);
+  for (int64_t i = 0; i < n; ++i) from_f16[i] = bf16_to_f32(f32_to_bf16(f16_to_f32(hh[i])));
+  EXPECT_EQ(download(gpu->upload(hh.data(), DType::kF16, {n}, DType::kBF16)), from_f16);
+}
+
 TEST_F(CudaOpsTest, NormsAndElementwise) {
   for (auto [R, D] : std::vector<std::pair<int, int>>{{1, 64}, {63, 200}, {500, 96}, {3, 5120}, {2, 44}}) {
     auto x = both(random_bf16(R * D, rng), {R, D});
