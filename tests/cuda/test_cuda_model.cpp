@@ -1,7 +1,7 @@
 // The CUDA backend end to end on every fixture: logits against transformers' fp32 reference
 // within bf16 tolerance, greedy continuations equal where the reference margin is clear of
 // bf16 noise, chunked prefill against one-piece prefill, programmatic dependent launch against
-// none, and W4A8 end to end. Skipped where there is no GPU.
+// none, W4A8 end to end, and vocabulary tables published quantized. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -13,6 +13,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/launchers.h"
 #include "model/fixture.h"
+#include "unit/vocab_requant.h"
 
 namespace ds::test {
 namespace {
@@ -232,6 +233,34 @@ TEST(CudaDemoModel, TensorCoreDecodeAttentionWithinBf16OfReference) {
     }
   }
   cuda::set_attention_decode_tc(before);
+}
+
+// The seed system's requantized vocabulary tables on the CUDA backend (unit/vocab_requant.h): an
+// int8 lm_head and embedding table, read as bf16 tables or quantised again into the backend's int8
+// ones (the same codes); or an int4 lm_head, a W4A16 GEMV of the vocabulary's rows. Against the
+// CPU on the same checkpoint with those tables dequantised as F32, judged like the fixtures
+// against the CPU's bf16 baseline.
+TEST(CudaModelQuantizedVocab, LogitsWithinBf16OfCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const Reference ref = load_reference("tiny_w4a16");
+  const int n = static_cast<int>(ref.prompt_ids.size());
+  for (bool int8_tables : {true, false}) {
+    VocabCopies c("tiny_w4a16", int8_tables);
+    Engine cpu = make_engine(c.dequantised.string());
+    Engine baseline = make_engine(c.dequantised.string(), 4, 64, 16, /*bf16_activations=*/true);
+    const std::vector<float> want = prefill_logits(cpu, ref.prompt_ids, {n});
+    const double base = rel_rms(prefill_logits(baseline, ref.prompt_ids, {n}), want);
+    for (bool int8_vocab : {false, true}) {
+      if (int8_vocab && !int8_tables) continue;  // a bf16 embedding table quantised anew: not this test's
+      GpuEngine g = make_gpu_engine(c.quantized.string(), StateDType::kF16, int8_vocab);
+      if (!int8_tables)  // the int4 lm_head stays W4A16: fewer bytes than the same values in bf16
+        EXPECT_LT(g.ops->weight_bytes(), make_gpu_engine(c.dequantised.string()).ops->weight_bytes());
+      const double err = rel_rms(gpu_prefill(g, ref.prompt_ids, n), want);
+      std::cout << "[figure] quantized vocab " << (int8_tables ? "int8 tables" : "int4 lm_head") << " int8_vocab "
+                << int8_vocab << " rel_rms " << err << " cpu_bf16_baseline_rel_rms " << base << "\n";
+      EXPECT_LE(err, 1.5 * base + 1e-3) << int8_tables << int8_vocab;
+    }
+  }
 }
 
 // The demo model with int8 embedding / lm_head tables (the CUDA default) against the CPU

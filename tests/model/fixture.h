@@ -20,7 +20,7 @@ struct Reference {
   NpyArray mtp_logits;  // [n_prompt - 1, vocab], empty without MTP
 };
 
-std::string fixture_dir(const std::string& name);
+std::string fixture_dir(const std::string& name);  // an absolute path is taken as it is
 Reference load_reference(const std::string& name);
 const std::vector<std::string>& fixture_names();
 

@@ -2,7 +2,6 @@
 // an error that names the file, the tensor and what was expected.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +11,7 @@
 #include "io/checkpoint.h"
 #include "model/qwen3_5.h"
 #include "unit/st_writer.h"
+#include "unit/vocab_requant.h"
 
 namespace ds {
 namespace {
@@ -27,27 +27,8 @@ std::string load_error(const fs::path& dir) {
   return m.ok() ? "" : m.status().message();
 }
 
-// Rewrites dir/model.safetensors through `edit`, which may change the entry list.
-void rewrite_weights(const fs::path& dir, const std::function<void(std::vector<test::StEntry>&)>& edit) {
-  const fs::path p = dir / "model.safetensors";
-  std::vector<test::StEntry> entries;
-  {
-    auto f = SafetensorsFile::open(p.string());
-    ASSERT_TRUE(f.ok());
-    for (const auto& [name, info] : f.value()->tensors()) {
-      const uint8_t* d = static_cast<const uint8_t*>(f.value()->data(info));
-      entries.push_back({name, dtype_name(info.dtype), info.shape, std::vector<uint8_t>(d, d + (info.end - info.begin))});
-    }
-  }
-  edit(entries);
-  test::write_file(p, test::make_safetensors(entries));
-}
-
-void edit_config(const fs::path& dir, const std::function<void(nlohmann::json&)>& edit) {
-  nlohmann::json j = nlohmann::json::parse(test::read_file(dir / "config.json"));
-  edit(j);
-  test::write_file(dir / "config.json", j.dump());
-}
+using test::edit_config;
+using test::rewrite_weights;
 
 TEST(Checkpoint, BothLayoutsLoad) {
   for (const char* name : {"tiny_wrapper_mtp", "tiny_causal_sharded"})
@@ -317,113 +298,26 @@ TEST(Checkpoint, BadQuantizedWeights) {
   fs::remove_all(d);
 }
 
-// Quantizes the BF16 weight `name` [R, C] of `entries` as compressed-tensors pack-quantized
-// does (symmetric, groups of 128 columns, scale = max |w| / (2^(bits-1) - 1) stored as
-// `scale_dtype`, "F16" or "BF16"), replacing it with its weight_packed, weight_scale and
-// weight_shape. Returns the values it stands for, q * scale in fp32 (exact), [R, C].
-std::vector<float> pack_quantize(std::vector<test::StEntry>& entries, const std::string& name, int bits,
-                                 const std::string& scale_dtype) {
-  auto it = std::find_if(entries.begin(), entries.end(), [&](const test::StEntry& e) { return e.name == name; });
-  EXPECT_TRUE(it != entries.end() && it->dtype == "BF16" && it->shape.size() == 2) << name;
-  const int64_t R = it->shape[0], C = it->shape[1], G = C / 128, per_word = 32 / bits;
-  const int qmax = (1 << (bits - 1)) - 1;
-  std::vector<float> w(R * C), values(R * C);
-  for (int64_t i = 0; i < R * C; ++i) {
-    uint16_t h;
-    std::memcpy(&h, &it->bytes[2 * i], 2);
-    w[i] = bf16_to_f32(h);
-  }
-  std::vector<uint8_t> packed(R * (C / per_word) * 4, 0), scales(R * G * 2);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t g = 0; g < G; ++g) {
-      float amax = 0.f;
-      for (int64_t c = g * 128; c < (g + 1) * 128; ++c) amax = std::max(amax, std::fabs(w[r * C + c]));
-      const uint16_t s16 = scale_dtype == "F16" ? f32_to_f16(amax / qmax) : f32_to_bf16(amax / qmax);
-      const float s = scale_dtype == "F16" ? f16_to_f32(s16) : bf16_to_f32(s16);
-      std::memcpy(&scales[2 * (r * G + g)], &s16, 2);
-      for (int64_t c = g * 128; c < (g + 1) * 128; ++c) {
-        const int q = s > 0.f ? std::clamp(static_cast<int>(std::nearbyint(w[r * C + c] / s)), -qmax - 1, qmax) : 0;
-        values[r * C + c] = static_cast<float>(q) * s;
-        const int64_t byte = (r * (C / per_word) + c / per_word) * 4;
-        const uint32_t field = static_cast<uint32_t>(q + qmax + 1) << (bits * (c % per_word));
-        for (int b = 0; b < 4; ++b) packed[byte + b] |= static_cast<uint8_t>(field >> (8 * b));
-      }
-    }
-  const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
-  std::vector<uint8_t> shape(16);
-  std::memcpy(&shape[0], &R, 8);
-  std::memcpy(&shape[8], &C, 8);
-  entries.erase(it);
-  entries.push_back({module + ".weight_packed", "I32", {R, C / per_word}, packed});
-  entries.push_back({module + ".weight_scale", scale_dtype, {R, G}, scales});
-  entries.push_back({module + ".weight_shape", "I64", {2}, shape});
-  return values;
-}
-
-// The entry `name` replaced by F32 `values` of the same shape.
-void store_f32(std::vector<test::StEntry>& entries, const std::string& name, const std::vector<float>& values) {
-  for (test::StEntry& e : entries)
-    if (e.name == name) {
-      e.dtype = "F32";
-      e.bytes.resize(values.size() * 4);
-      std::memcpy(e.bytes.data(), values.data(), e.bytes.size());
-    }
-}
-
 // The seed system's requantized checkpoints: the body int4 (group_0), the lm_head int8 with fp16
 // scales (group_1) and the embedding table int8 with bf16 scales (group_2); or its fast variant's
 // int4 lm_head under group_0's scheme. Each loads, with the logits of the same checkpoint holding
 // those tables dequantised as F32; a packed table that fits no scheme of the config is an error
 // naming it and the schemes.
 TEST(Checkpoint, QuantizedVocabularyTablesLoad) {
-  const std::string lm_head = "lm_head.weight", embed = "model.language_model.embed_tokens.weight";
-  // As the seed's scripts edit the config: lm_head out of `ignore`, and a copy of group_0 for
-  // each new scheme.
-  auto unignore_head = [](nlohmann::json& j) {
-    auto& ignore = j["quantization_config"]["ignore"];
-    ignore.erase(std::remove(ignore.begin(), ignore.end(), "lm_head"), ignore.end());
-  };
-  auto add_group = [](nlohmann::json& j, const std::string& group, int bits, const std::string& target) {
-    auto& groups = j["quantization_config"]["config_groups"];
-    groups[group] = groups["group_0"];
-    groups[group]["weights"]["num_bits"] = bits;
-    groups[group]["targets"] = nlohmann::json::array({"re:" + target});
-  };
-  struct Case {
-    const char* what;
-    int head_bits, embed_bits;  // 0: left in bf16
-  };
-  for (Case c : {Case{"int8 tables", 8, 8}, Case{"int4 lm_head", 4, 0}}) {
-    fs::path dq = test::copy_fixture("tiny_w4a16", "vocab_q"), df = test::copy_fixture("tiny_w4a16", "vocab_f");
-    std::vector<float> head_values, embed_values;
-    rewrite_weights(dq, [&](auto& e) {
-      head_values = pack_quantize(e, lm_head, c.head_bits, "F16");
-      if (c.embed_bits) embed_values = pack_quantize(e, embed, c.embed_bits, "BF16");
-    });
-    rewrite_weights(df, [&](auto& e) {
-      store_f32(e, lm_head, head_values);
-      if (c.embed_bits) store_f32(e, embed, embed_values);
-    });
-    if (c.head_bits == 8) {
-      // First with no scheme of their own (the config's only one is int4): the table loaded first
-      // is named, by its canonical name.
-      const std::string err = load_error(dq);
-      EXPECT_NE(err.find("'model.embed_tokens.weight_packed' [320, 32]"), std::string::npos) << err;
-      EXPECT_NE(err.find("fit no scheme of config.json's quantization_config (group_0: int4 in groups of 128)"),
-                std::string::npos)
-          << err;
-      edit_config(dq, [&](auto& j) {
-        unignore_head(j);
-        add_group(j, "group_1", 8, ".*lm_head$");
-        add_group(j, "group_2", 8, ".*embed_tokens$");
-      });
-    } else {
-      edit_config(dq, unignore_head);
-    }
-    EXPECT_EQ(prompt_logits(dq), prompt_logits(df)) << c.what;
-    fs::remove_all(dq);
-    fs::remove_all(df);
+  {
+    // The int8 tables first with no scheme of their own (the config's only one is int4): the table
+    // loaded first is named, by its canonical name.
+    test::VocabCopies c("tiny_w4a16", /*int8_tables=*/true, /*with_schemes=*/false);
+    const std::string err = load_error(c.quantized);
+    EXPECT_NE(err.find("'model.embed_tokens.weight_packed' [320, 32]"), std::string::npos) << err;
+    EXPECT_NE(err.find("fit no scheme of config.json's quantization_config (group_0: int4 in groups of 128)"),
+              std::string::npos)
+        << err;
+    test::add_vocab_schemes(c.quantized, true);
+    EXPECT_EQ(prompt_logits(c.quantized), prompt_logits(c.dequantised)) << "int8 tables";
   }
+  test::VocabCopies c("tiny_w4a16", /*int8_tables=*/false);
+  EXPECT_EQ(prompt_logits(c.quantized), prompt_logits(c.dequantised)) << "int4 lm_head";
 }
 
 TEST(ModelConfig, DefaultIntervalBuildsThreeToOne) {
