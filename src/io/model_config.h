@@ -14,8 +14,7 @@ enum class LayerType { kLinearAttention, kFullAttention };
 
 // compressed-tensors "pack-quantized" weights (architecture reference §8): int4 (or int8) values
 // packed into int32 along the input dim, one signed scale per (row, group of input columns).
-// One weight scheme of quantization_config's config_groups: symmetric int weights in groups of
-// group_size input columns.
+// QuantScheme: one config group's weights, symmetric ints in groups of group_size input columns.
 struct QuantScheme {
   std::string name;  // the config group's, e.g. "group_0"
   int bits = 4;      // 4 or 8

@@ -253,8 +253,9 @@ TEST(CudaModelQuantizedVocab, LogitsWithinBf16OfCpu) {
     for (bool int8_vocab : {false, true}) {
       if (int8_vocab && !int8_tables) continue;  // a bf16 embedding table quantised anew: not this test's
       GpuEngine g = make_gpu_engine(c.quantized.string(), StateDType::kF16, int8_vocab);
-      if (!int8_tables)  // the int4 lm_head stays W4A16: fewer bytes than the same values in bf16
+      if (!int8_tables) {  // the int4 lm_head stays W4A16: fewer bytes than the same values in bf16
         EXPECT_LT(g.ops->weight_bytes(), make_gpu_engine(c.dequantised.string()).ops->weight_bytes());
+      }
       const double err = rel_rms(gpu_prefill(g, ref.prompt_ids, n), want);
       std::cout << "[figure] quantized vocab " << (int8_tables ? "int8 tables" : "int4 lm_head") << " int8_vocab "
                 << int8_vocab << " rel_rms " << err << " cpu_bf16_baseline_rel_rms " << base << "\n";

@@ -31,7 +31,8 @@ inline void rewrite_weights(const std::filesystem::path& dir, const std::functio
     ASSERT_TRUE(f.ok());
     for (const auto& [name, info] : f.value()->tensors()) {
       const uint8_t* d = static_cast<const uint8_t*>(f.value()->data(info));
-      entries.push_back({name, dtype_name(info.dtype), info.shape, std::vector<uint8_t>(d, d + (info.end - info.begin))});
+      entries.push_back({name, dtype_name(info.dtype), info.shape,
+                         std::vector<uint8_t>(d, d + (info.end - info.begin))});
     }
   }
   edit(entries);
@@ -104,7 +105,8 @@ inline void add_vocab_schemes(const std::filesystem::path& dir, bool int8_tables
     auto& q = j["quantization_config"];
     q["ignore"].erase(std::remove(q["ignore"].begin(), q["ignore"].end(), "lm_head"), q["ignore"].end());
     if (!int8_tables) return;
-    const std::pair<const char*, const char*> groups[] = {{"group_1", "re:.*lm_head$"}, {"group_2", "re:.*embed_tokens$"}};
+    const std::pair<const char*, const char*> groups[] = {{"group_1", "re:.*lm_head$"},
+                                                          {"group_2", "re:.*embed_tokens$"}};
     for (const auto& [group, target] : groups) {
       q["config_groups"][group] = q["config_groups"]["group_0"];
       q["config_groups"][group]["weights"]["num_bits"] = 8;
