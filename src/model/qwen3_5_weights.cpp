@@ -18,6 +18,9 @@ namespace {
 // How a fp32 parameter is stored and, for synthetic weights, drawn.
 enum class ParamKind { kNorm1p, kGain, kALog, kDtBias, kConv };
 
+// The module of weight `name` ("m.weight" -> "m"), whose packed tensors are m.weight_packed, ...
+std::string module_of(const std::string& name) { return name.substr(0, name.size() - std::strlen(".weight")); }
+
 // Where weight values come from: a checkpoint folder, or random values of the right shapes.
 class WeightSource {
  public:
@@ -40,7 +43,7 @@ class CheckpointSource final : public WeightSource {
  public:
   CheckpointSource(const Checkpoint& ck, Ops& ops) : ck_(ck), ops_(ops) {}
   Result<Tensor> embedding(const std::string& name, int64_t rows, int64_t cols) override {
-    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
+    const std::string module = module_of(name);
     if (ck_.is_quantized(module)) {  // a table published quantized (int8): dequantised, exact in fp32
       DS_ASSIGN_OR_RETURN(std::vector<float> v, ck_.read_linear_f32(module, rows, cols));
       return ops_.upload(v.data(), DType::kF32, {rows, cols}, ops_.act_dtype());
@@ -93,7 +96,7 @@ class CheckpointSource final : public WeightSource {
   };
 
   Result<HostLinear> read(const std::string& name, int64_t rows, int64_t cols) {
-    const std::string module = name.substr(0, name.size() - std::strlen(".weight"));
+    const std::string module = module_of(name);
     HostLinear h;
     h.rows = rows;
     if (!ck_.is_quantized(module)) {
