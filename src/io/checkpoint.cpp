@@ -190,6 +190,17 @@ Result<PackedLinear> Checkpoint::read_packed(const std::string& module, int64_t 
   return p;
 }
 
+std::vector<int8_t> int8_codes(const PackedLinear& p) {
+  DS_ASSERT(p.bits == 8 && p.g_idx.empty(), "int8_codes takes 8-bit weights without a g_idx");
+  std::vector<int8_t> q(static_cast<size_t>(p.rows * p.cols));
+  for (int64_t o = 0; o < p.rows; ++o)
+    for (int64_t i = 0; i < p.cols; ++i) {
+      const uint32_t word = static_cast<uint32_t>(p.packed[o * p.words_per_row + i / 4]);
+      q[o * p.cols + i] = static_cast<int8_t>(static_cast<int>((word >> (8 * (i % 4))) & 0xFFu) - 128);
+    }
+  return q;
+}
+
 Result<std::vector<float>> Checkpoint::read_linear_f32(const std::string& module, int64_t rows, int64_t cols) const {
   if (!is_quantized(module)) return read_f32(module + ".weight", {rows, cols});
   DS_ASSIGN_OR_RETURN(PackedLinear p, read_packed(module, rows, cols));

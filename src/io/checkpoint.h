@@ -30,6 +30,10 @@ struct PackedLinear {
   std::vector<int32_t> g_idx;   // i32 [cols] column -> group (actorder "group"), empty for column / group_size
 };
 
+// The codes of an 8-bit PackedLinear without a g_idx, i8 [rows, cols]: value (r, k) is
+// codes[r * cols + k] * scales[r * groups + k / group_size].
+std::vector<int8_t> int8_codes(const PackedLinear& p);
+
 class Checkpoint {
  public:
   static Result<std::unique_ptr<Checkpoint>> open(const std::string& dir);

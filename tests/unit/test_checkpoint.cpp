@@ -320,6 +320,37 @@ TEST(Checkpoint, QuantizedVocabularyTablesLoad) {
   EXPECT_EQ(prompt_logits(c.quantized), prompt_logits(c.dequantised)) << "int4 lm_head";
 }
 
+// int8_codes reads each word's bytes low first, less 128; with the scales it gives the values
+// read_linear_f32 dequantises, on the fixture's int8 tables.
+TEST(Checkpoint, Int8CodesAreTheDequantisedValues) {
+  PackedLinear p;
+  p.bits = 8;
+  p.rows = 1;
+  p.cols = 6;
+  p.words_per_row = 2;
+  p.packed = {static_cast<int32_t>(0x80FF017Fu), 0x0000FF00};
+  EXPECT_EQ(int8_codes(p), (std::vector<int8_t>{-1, -127, 127, 0, -128, 127}));
+
+  test::VocabCopies c("tiny_w4a16", /*int8_tables=*/true);
+  auto ck = Checkpoint::open(c.quantized.string());
+  ASSERT_TRUE(ck.ok()) << ck.status().message();
+  const ModelConfig& cfg = ck.value()->config();
+  for (const char* module : {"lm_head", "model.embed_tokens"}) {
+    auto packed = ck.value()->read_packed(module, cfg.vocab_size, cfg.hidden_size);
+    auto values = ck.value()->read_linear_f32(module, cfg.vocab_size, cfg.hidden_size);
+    ASSERT_TRUE(packed.ok() && values.ok()) << module;
+    ASSERT_EQ(packed.value().bits, 8) << module;
+    const std::vector<int8_t> q = int8_codes(packed.value());
+    const int64_t groups = cfg.hidden_size / packed.value().group_size;
+    size_t mismatches = 0;
+    for (int64_t r = 0; r < cfg.vocab_size; ++r)
+      for (int64_t k = 0; k < cfg.hidden_size; ++k)
+        mismatches += values.value()[r * cfg.hidden_size + k] !=
+                      float(q[r * cfg.hidden_size + k]) * packed.value().scales[r * groups + k / 128];
+    EXPECT_EQ(mismatches, 0u) << module;
+  }
+}
+
 TEST(ModelConfig, DefaultIntervalBuildsThreeToOne) {
   auto c = parse_model_config(
       R"({"model_type":"qwen3_5_text","vocab_size":10,"hidden_size":8,"intermediate_size":8,
