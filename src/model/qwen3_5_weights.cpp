@@ -34,6 +34,12 @@ class WeightSource {
   // or dequantised) read int8 inputs (LinearWeight::act_int8).
   virtual Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
                                     int64_t cols, bool fuse, bool act_int8) = 0;
+  // A vocabulary table [rows, cols] the source publishes as int8 groups of 128, in the backend's
+  // int8 storage with the published codes and scales, where the backend keeps int8 tables
+  // (Ops::upload_int8_rows); else std::nullopt, and the table is read as any other.
+  virtual Result<std::optional<LinearWeight>> published_int8(const std::string& name, int64_t rows, int64_t cols) {
+    return std::optional<LinearWeight>();
+  }
   // A fp32 parameter published with `shape`, stored as [rows, cols] (cols 0: a vector of rows).
   virtual Result<Tensor> f32(const std::string& name, const std::vector<int64_t>& shape, int64_t rows, int64_t cols,
                              ParamKind kind) = 0;
@@ -50,6 +56,17 @@ class CheckpointSource final : public WeightSource {
     }
     DS_ASSIGN_OR_RETURN(CheckpointTensor t, ck_.get_float(name, {rows, cols}));
     return ops_.upload(t.data, t.info->dtype, {rows, cols}, ops_.act_dtype());
+  }
+  // The codes and scales go to the backend as published: no f32 copy of the table on the host,
+  // no bf16 one on the device, and the scales are not rounded.
+  Result<std::optional<LinearWeight>> published_int8(const std::string& name, int64_t rows, int64_t cols) override {
+    const std::string module = module_of(name);
+    if (!ck_.is_quantized(module) || !ops_.keeps_int8_vocab(cols)) return std::optional<LinearWeight>();
+    DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
+    if (p.bits != 8 || p.group_size != 128 || !p.g_idx.empty() || cols % 128 != 0) return std::optional<LinearWeight>();
+    std::vector<int8_t> q = int8_codes(p);
+    p.packed = {};
+    return std::optional<LinearWeight>(ops_.upload_int8_rows(q.data(), p.scales.data(), rows, cols));
   }
   // Every part is read to the host first; a group is stacked there and uploaded once, so the
   // device never holds a part and its group at the same time.
@@ -247,10 +264,15 @@ class Loader {
  public:
   Loader(WeightSource& src, Ops& ops, bool fuse, ActInt8Layers a8) : src_(src), ops_(ops), fuse_(fuse), a8_(a8) {}
 
-  // A weight matrix handed to the backend's prepare_weight once its values are final. act_int8:
-  // its layer class reads int8 inputs (ActInt8Layers).
+  // A weight matrix handed to the backend's prepare_weight once its values are final (a
+  // vocabulary table published as int8 goes to the backend's int8 storage directly, where it has
+  // one). act_int8: its layer class reads int8 inputs (ActInt8Layers).
   Result<LinearWeight> lin(const std::string& name, int64_t rows, int64_t cols, WeightRole role = WeightRole::kLinear,
                            bool act_int8 = false) {
+    if (is_vocab_role(role)) {
+      DS_ASSIGN_OR_RETURN(std::optional<LinearWeight> int8, src_.published_int8(name, rows, cols));
+      if (int8) return std::move(*int8);  // already in the backend's storage
+    }
     LinearWeight w;
     if (role == WeightRole::kEmbedding) {
       DS_ASSIGN_OR_RETURN(w.dense, src_.embedding(name, rows, cols));

@@ -143,6 +143,15 @@ class Ops {
   // kInt8Tiled (CudaOpsOptions::int8_vocab). CPU: with int8 vocab tables on, the same quantisation
   // applied in place to the fp32 values (the twin of the CUDA kernels).
   virtual void prepare_weight(LinearWeight& w, WeightRole role) {}
+  // Whether vocabulary tables [V, H] are stored as int8 rows (CUDA: kInt8Tiled, prepare_weight).
+  virtual bool keeps_int8_vocab(int64_t H) const { return false; }
+  // A vocabulary table published as int8 groups of 128 columns, symmetric (w[r, k] = q[r, k] *
+  // scales[r, k / 128]; q i8 [V, H], scales f32 [V, H / 128] on the host), stored as the int8
+  // table prepare_weight would make, with these codes and scales as they are. Only where
+  // keeps_int8_vocab(H).
+  virtual LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) {
+    DS_FATAL("%s keeps no int8 vocabulary tables", name());
+  }
 
   // out act [T, H] = table[plan.token_ids]; table [V, H] dense or kInt8Tiled (dequantised on gather)
   virtual void embedding(const LinearWeight& table, Tensor out) = 0;

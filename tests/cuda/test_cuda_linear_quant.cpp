@@ -895,6 +895,55 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
   }
 }
 
+// A table published as int8 rows (Ops::upload_int8_rows) is stored byte for byte as the same
+// values in bf16 are by prepare_weight, padding included (V not a whole number of 16-row blocks,
+// and past one host piece of 1,024 blocks). Codes of -128, in the published range but not the
+// quantiser's, gather as q * s (power-of-two scales: exact in bf16).
+TEST_F(CudaLinearQuantTest, Int8RowsUploadAsPrepared) {
+  for (auto [V, H] : std::vector<std::pair<int, int>>{{37, 256}, {16 * 1024 + 21, 384}}) {
+    const std::vector<float> table = random_bf16(size_t(V) * H, rng, 0.05f);
+    std::vector<int8_t> q(size_t(V) * H);
+    std::vector<float> scales(size_t(V) * H / kInt8Group);
+    quantize_int8_rows(table.data(), V, H, q.data(), scales.data());
+    LinearWeight prepared;
+    prepared.dense = gpu->upload(table.data(), DType::kF32, {V, H}, DType::kBF16);
+    gpu->prepare_weight(prepared, WeightRole::kEmbedding);
+    ASSERT_TRUE(gpu->keeps_int8_vocab(H));
+    const LinearWeight direct = gpu->upload_int8_rows(q.data(), scales.data(), V, H);
+    ASSERT_EQ(direct.format, WeightFormat::kInt8Tiled);
+    EXPECT_EQ(direct.rows, V);
+    EXPECT_EQ(direct.group_size, 128);
+    auto bytes = [](Tensor t) {
+      std::vector<uint8_t> h(t.nbytes());
+      CUDA_CHECK(cudaMemcpy(h.data(), t.data, h.size(), cudaMemcpyDeviceToHost));
+      return h;
+    };
+    ASSERT_EQ(direct.packed.nbytes(), prepared.packed.nbytes());
+    EXPECT_TRUE(bytes(direct.packed) == bytes(prepared.packed)) << "codes V" << V << " H" << H;
+    EXPECT_TRUE(bytes(direct.scales) == bytes(prepared.scales)) << "scales V" << V << " H" << H;
+  }
+  // Every code from -128 to 127, in an order of its own in each row.
+  const int V = 20, H = 128;
+  std::vector<int8_t> q(size_t(V) * H);
+  std::vector<float> scales(V);
+  for (int r = 0; r < V; ++r) {
+    scales[r] = std::ldexp(1.f, -6 - r % 3);
+    for (int k = 0; k < H; ++k) q[size_t(r) * H + k] = static_cast<int8_t>((r * 31 + k * 17) % 256 - 128);
+  }
+  const LinearWeight w = gpu->upload_int8_rows(q.data(), scales.data(), V, H);
+  std::vector<int32_t> ids(V);
+  for (int r = 0; r < V; ++r) ids[r] = V - 1 - r;
+  gpu->begin_step(plan_of(ids));
+  Tensor emb = gpu->scratch(DType::kBF16, {V, H});
+  gpu->embedding(w, emb);
+  const std::vector<float> got = download(emb);
+  size_t mismatches = 0;
+  for (int t = 0; t < V; ++t)
+    for (int k = 0; k < H; ++k) mismatches += got[size_t(t) * H + k] != float(q[size_t(ids[t]) * H + k]) * scales[ids[t]];
+  EXPECT_EQ(mismatches, 0u);
+  gpu->reset_scratch();
+}
+
 // The ceilings of the GEMVs' two ways of reading weights (stream_probe.cu), as figures: bulk-copy
 // rings by copy size, stages and warps an SM (2,176 bytes is one W4A16 unit at group 128; 8 warps
 // x 3 blocks of 2 x 4,352 bytes are the split launches at one token, 9 warps x 2 blocks of 2 x

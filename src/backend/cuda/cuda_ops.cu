@@ -273,7 +273,7 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
     w.paired = paired;
     return;
   }
-  if (!is_vocab_role(role) || !options_.int8_vocab || w.dense.dim(1) % 128 != 0) return;
+  if (!is_vocab_role(role) || !keeps_int8_vocab(w.dense.dim(1))) return;
   expect_bf16(w.dense, "vocabulary table");
   const int64_t V = w.dense.dim(0);
   const int H = static_cast<int>(w.dense.dim(1));
@@ -288,6 +288,19 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
   w.group_size = 128;
   w.format = WeightFormat::kInt8Tiled;
   w.rows = V;
+}
+
+LinearWeight CudaOps::upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) {
+  DS_ASSERT(keeps_int8_vocab(H), "upload_int8_rows: no int8 vocabulary tables of width %lld", (long long)H);
+  LinearWeight w;
+  const int64_t padded = cuda::int8_tiled_rows(V);
+  w.packed = alloc(DType::kI8, {padded, H});  // tiled as prepare_weight's (qgemv_kernel.cuh Int8Tiled)
+  w.scales = alloc(DType::kF32, {padded, H / 128});
+  cuda::upload_int8_tiled(q, scales, V, static_cast<int>(H), static_cast<int8_t*>(w.packed.data), F(w.scales));
+  w.group_size = 128;
+  w.format = WeightFormat::kInt8Tiled;
+  w.rows = V;
+  return w;
 }
 
 void CudaOps::download_f32(Tensor src, float* host) {

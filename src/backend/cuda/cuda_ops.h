@@ -61,6 +61,8 @@ class CudaOps final : public Ops {
   // and replayed after (env DS_CUDA_GRAPHS=0: never).
   std::vector<Tensor> run_step(const std::function<std::vector<Tensor>()>& record) override;
   void prepare_weight(LinearWeight& w, WeightRole role) override;
+  bool keeps_int8_vocab(int64_t H) const override { return options_.int8_vocab && H % 128 == 0; }
+  LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) override;
   void embedding(const LinearWeight& table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;

@@ -7,6 +7,8 @@
 // qgemv_kernel.cuh for up to 64 rows, and larger batches dequantise blocks of rows to bf16 for
 // cuBLAS; the embedding dequantises on gather.
 #include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -106,6 +108,28 @@ int resident() {
 }  // namespace
 
 int64_t int8_tiled_rows(int64_t rows) { return (rows + 15) / 16 * 16; }
+
+void upload_int8_tiled(const int8_t* q_host, const float* scales_host, int64_t rows, int H, int8_t* q, float* scales) {
+  DS_ASSERT(H % 128 == 0, "int8 rows need whole groups of 128 (H %d)", H);
+  // A row block is contiguous in the tile layout (16 H codes, 16 H / 128 scales), so blocks
+  // [b0, b0 + n) are tiled on the host into one piece, padding rows zero, and copied as one.
+  constexpr int64_t kBlocksAPiece = 1024;
+  const int64_t blocks = int8_tiled_rows(rows) / 16, groups = H / 128;
+  std::vector<int8_t> tq;
+  std::vector<float> ts;
+  for (int64_t b0 = 0; b0 < blocks; b0 += kBlocksAPiece) {
+    const int64_t n = std::min(kBlocksAPiece, blocks - b0), r0 = 16 * b0;
+    tq.assign(static_cast<size_t>(16 * n * H), 0);
+    ts.assign(static_cast<size_t>(16 * n * groups), 0.f);
+    for (int64_t r = r0; r < std::min(rows, r0 + 16 * n); ++r) {
+      for (int k = 0; k < H; k += 16)  // 16 columns of a row are contiguous in a tile
+        std::memcpy(&tq[int8_tile_offset(r - r0, k, H)], q_host + r * H + k, 16);
+      for (int64_t g = 0; g < groups; ++g) ts[int8_scale_index(r - r0, 128 * g, H)] = scales_host[r * groups + g];
+    }
+    CUDA_CHECK(cudaMemcpy(q + r0 * H, tq.data(), tq.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(scales + r0 * groups, ts.data(), ts.size() * sizeof(float), cudaMemcpyHostToDevice));
+  }
+}
 
 void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s) {
   DS_ASSERT(H % 128 == 0, "int8 rows need whole groups of 128 (H %d)", H);

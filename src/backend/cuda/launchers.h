@@ -303,6 +303,9 @@ void launch_w4a16_dequant(const uint32_t* tiled, bf16* w, int N, int K, int grou
 // H/128]. Quantises w bf16 [rows, H] into them (the padding zeroed).
 int64_t int8_tiled_rows(int64_t rows);
 void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t rows, int H, cudaStream_t s);
+// Copies a table already quantised so, q_host i8 [rows, H] and scales_host f32 [rows, H/128], into
+// q and scales in the tile layout (the padding zeroed); tiled on the host a piece at a time.
+void upload_int8_tiled(const int8_t* q_host, const float* scales_host, int64_t rows, int H, int8_t* q, float* scales);
 int int8_gemv_splits(int T, int N, int K);
 // T <= kInt8GemvMaxTokens; q, scales: a tiled table of N rows and K columns
 void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16* out, float* partial, int* counters,
