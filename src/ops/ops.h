@@ -143,7 +143,8 @@ class Ops {
   // kInt8Tiled (CudaOpsOptions::int8_vocab). CPU: with int8 vocab tables on, the same quantisation
   // applied in place to the fp32 values (the twin of the CUDA kernels).
   virtual void prepare_weight(LinearWeight& w, WeightRole role) {}
-  // Whether vocabulary tables [V, H] are stored as int8 rows (CUDA: kInt8Tiled, prepare_weight).
+  // Whether vocabulary tables [V, H] are stored as int8 rows (prepare_weight: CUDA kInt8Tiled;
+  // CPU, the twin, their values q * scale in fp32).
   virtual bool keeps_int8_vocab(int64_t H) const { return false; }
   // A vocabulary table published as int8 groups of 128 columns, symmetric (w[r, k] = q[r, k] *
   // scales[r, k / 128]; q i8 [V, H], scales f32 [V, H / 128] on the host), stored as the int8

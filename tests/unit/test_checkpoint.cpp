@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "io/checkpoint.h"
 #include "model/qwen3_5.h"
+#include "ops/int8_rows.h"
 #include "unit/st_writer.h"
 #include "unit/vocab_requant.h"
 
@@ -52,10 +53,11 @@ TEST(Checkpoint, BothLayoutsLoad) {
 }
 
 // Logits of the fixture's prompt from the checkpoint in `dir`.
-std::vector<float> prompt_logits(const fs::path& dir) {
+std::vector<float> prompt_logits(const fs::path& dir, bool int8_vocab = false) {
   auto ck = Checkpoint::open(dir.string());
   EXPECT_TRUE(ck.ok()) << ck.status().message();
   CpuOps ops;
+  ops.set_int8_vocab(int8_vocab);
   auto model = Qwen35Model::load(*ck.value(), ops);
   EXPECT_TRUE(model.ok()) << model.status().message();
   StepPlan plan;
@@ -349,6 +351,32 @@ TEST(Checkpoint, Int8CodesAreTheDequantisedValues) {
                       float(q[r * cfg.hidden_size + k]) * packed.value().scales[r * groups + k / 128];
     EXPECT_EQ(mismatches, 0u) << module;
   }
+}
+
+// A backend with int8 vocabulary tables takes a table published as int8 with its codes and scales
+// as they are (Ops::upload_int8_rows), not quantised again from its values: codes halved, so that
+// no group's largest is 127, give the logits of the same checkpoint dequantised exactly (int8
+// tables off). Quantised again, each group would get a new scale and new codes.
+TEST(Checkpoint, PublishedInt8TablesKeepTheirCodes) {
+  test::VocabCopies c("tiny_w4a16", /*int8_tables=*/true);
+  rewrite_weights(c.quantized, [](std::vector<test::StEntry>& entries) {
+    for (test::StEntry& e : entries)
+      if (e.name.find("weight_packed") != std::string::npos && e.name.find("layers") == std::string::npos)
+        for (uint8_t& b : e.bytes) b = static_cast<uint8_t>((static_cast<int>(b) - 128) / 2 + 128);
+  });
+  const std::vector<float> exact = prompt_logits(c.quantized, /*int8_vocab=*/false);
+  EXPECT_EQ(prompt_logits(c.quantized, /*int8_vocab=*/true), exact);
+  // What quantising anew (the values read back, then ops/int8_rows.h) would have made of them.
+  auto ck = Checkpoint::open(c.quantized.string());
+  ASSERT_TRUE(ck.ok());
+  const ModelConfig& cfg = ck.value()->config();
+  auto values = ck.value()->read_linear_f32("lm_head", cfg.vocab_size, cfg.hidden_size);
+  ASSERT_TRUE(values.ok());
+  std::vector<int8_t> q(values.value().size());
+  std::vector<float> scales(q.size() / kInt8Group), again(q.size());
+  quantize_int8_rows(values.value().data(), cfg.vocab_size, cfg.hidden_size, q.data(), scales.data());
+  for (size_t i = 0; i < q.size(); ++i) again[i] = float(q[i]) * scales[i / kInt8Group];
+  EXPECT_NE(again, values.value());
 }
 
 TEST(ModelConfig, DefaultIntervalBuildsThreeToOne) {

@@ -102,6 +102,18 @@ void CpuOps::prepare_weight(LinearWeight& w, WeightRole role) {
   for (int64_t i = 0; i < rows * cols; ++i) p[i] = float(q[i]) * scales[i / kInt8Group];
 }
 
+bool CpuOps::keeps_int8_vocab(int64_t H) const { return int8_vocab_ && H % kInt8Group == 0; }
+
+LinearWeight CpuOps::upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) {
+  DS_ASSERT(keeps_int8_vocab(H), "upload_int8_rows: int8 vocabulary tables are off or H %lld is not whole groups",
+            (long long)H);
+  LinearWeight w;
+  w.dense = alloc(DType::kF32, {V, H});
+  float* p = w.dense.f32();
+  for (int64_t i = 0; i < V * H; ++i) p[i] = float(q[i]) * scales[i / kInt8Group];
+  return w;
+}
+
 void CpuOps::embedding(const LinearWeight& weight, Tensor out) {
   check_f32(out, "embedding out");
   DS_ASSERT(!weight.quantized(), "the CPU embedding table is dense");

@@ -43,6 +43,9 @@ class CpuOps final : public Ops {
 
   void begin_step(const StepPlan& plan) override;
   void prepare_weight(LinearWeight& w, WeightRole role) override;
+  bool keeps_int8_vocab(int64_t H) const override;
+  // The table's values q * scale in fp32, as prepare_weight leaves a table it rounds.
+  LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) override;
   void embedding(const LinearWeight& table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
