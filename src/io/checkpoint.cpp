@@ -116,7 +116,7 @@ Result<CheckpointTensor> Checkpoint::get_exact(const std::string& name, DType dt
   return t;
 }
 
-Result<PackedLinear> Checkpoint::read_packed(const std::string& module, int64_t rows, int64_t cols) const {
+Result<QuantScheme> Checkpoint::packed_scheme(const std::string& module, int64_t rows, int64_t cols) const {
   const QuantConfig& q = config_.quant;
   if (!q.present)
     return invalid_argument("tensor '" + module + ".weight_packed' found but config.json has no quantization_config");
@@ -153,9 +153,14 @@ Result<PackedLinear> Checkpoint::read_packed(const std::string& module, int64_t 
                             *t.file + " fit no scheme of config.json's quantization_config (" + schemes + ") for a [" +
                             std::to_string(rows) + ", " + std::to_string(cols) + "] weight");
   }
+  return *scheme;
+}
+
+Result<PackedLinear> Checkpoint::read_packed(const std::string& module, int64_t rows, int64_t cols) const {
+  DS_ASSIGN_OR_RETURN(const QuantScheme scheme, packed_scheme(module, rows, cols));
   PackedLinear p;
-  p.bits = scheme->bits;
-  p.group_size = scheme->group_size;
+  p.bits = scheme.bits;
+  p.group_size = scheme.group_size;
   p.rows = rows;
   p.cols = cols;
   const int per_word = 32 / p.bits;

@@ -53,6 +53,10 @@ class Checkpoint {
   // `weight_scale` (+ `weight_shape`, `weight_g_idx`) when the checkpoint has them.
   Result<std::vector<float>> read_linear_f32(const std::string& module, int64_t rows, int64_t cols) const;
   bool is_quantized(const std::string& module) const { return has(module + ".weight_packed"); }
+  // The scheme of config.json's quantization_config that packed quantized linear `module`
+  // [rows, cols], told by its tensors' shapes; an error where none fits, or two that read it
+  // differently do.
+  Result<QuantScheme> packed_scheme(const std::string& module, int64_t rows, int64_t cols) const;
   // The packed tensors of quantized linear `module`, checked against [rows, cols].
   Result<PackedLinear> read_packed(const std::string& module, int64_t rows, int64_t cols) const;
 

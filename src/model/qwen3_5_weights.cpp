@@ -62,8 +62,10 @@ class CheckpointSource final : public WeightSource {
   Result<std::optional<LinearWeight>> published_int8(const std::string& name, int64_t rows, int64_t cols) override {
     const std::string module = module_of(name);
     if (!ck_.is_quantized(module) || !ops_.keeps_int8_vocab(cols)) return std::optional<LinearWeight>();
+    DS_ASSIGN_OR_RETURN(const QuantScheme scheme, ck_.packed_scheme(module, rows, cols));
+    if (scheme.bits != 8 || scheme.group_size != 128) return std::optional<LinearWeight>();  // read as any other
     DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
-    if (p.bits != 8 || p.group_size != 128 || !p.g_idx.empty() || cols % 128 != 0) return std::optional<LinearWeight>();
+    if (!p.g_idx.empty()) return std::optional<LinearWeight>();
     std::vector<int8_t> q = int8_codes(p);
     p.packed = {};
     return std::optional<LinearWeight>(ops_.upload_int8_rows(q.data(), p.scales.data(), rows, cols));
