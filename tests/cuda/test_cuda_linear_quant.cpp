@@ -939,7 +939,8 @@ TEST_F(CudaLinearQuantTest, Int8RowsUploadAsPrepared) {
   const std::vector<float> got = download(emb);
   size_t mismatches = 0;
   for (int t = 0; t < V; ++t)
-    for (int k = 0; k < H; ++k) mismatches += got[size_t(t) * H + k] != float(q[size_t(ids[t]) * H + k]) * scales[ids[t]];
+    for (int k = 0; k < H; ++k)
+      mismatches += got[size_t(t) * H + k] != float(q[size_t(ids[t]) * H + k]) * scales[ids[t]];
   EXPECT_EQ(mismatches, 0u);
   gpu->reset_scratch();
 }
