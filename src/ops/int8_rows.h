@@ -30,4 +30,10 @@ inline void quantize_int8_rows(const float* w, int64_t rows, int64_t cols, int8_
     }
 }
 
+// out f32 [n] = q * its group's scale: the values of n codes of quantize_int8_rows' layout
+// (n a whole number of rows).
+inline void dequantise_int8_rows(const int8_t* q, const float* scales, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = float(q[i]) * scales[i / kInt8Group];
+}
+
 }  // namespace ds

@@ -93,13 +93,12 @@ void CpuOps::begin_step(const StepPlan& plan) {
 }
 
 void CpuOps::prepare_weight(LinearWeight& w, WeightRole role) {
-  if (!int8_vocab_ || !is_vocab_role(role) || w.quantized() || w.dense.dim(1) % kInt8Group != 0) return;
+  if (!is_vocab_role(role) || w.quantized() || !keeps_int8_vocab(w.dense.dim(1))) return;
   const int64_t rows = w.dense.dim(0), cols = w.dense.dim(1);
   std::vector<int8_t> q(static_cast<size_t>(rows * cols));
   std::vector<float> scales(static_cast<size_t>(rows * cols / kInt8Group));
   quantize_int8_rows(w.dense.f32(), rows, cols, q.data(), scales.data());
-  float* p = w.dense.f32();
-  for (int64_t i = 0; i < rows * cols; ++i) p[i] = float(q[i]) * scales[i / kInt8Group];
+  dequantise_int8_rows(q.data(), scales.data(), rows * cols, w.dense.f32());
 }
 
 bool CpuOps::keeps_int8_vocab(int64_t H) const { return int8_vocab_ && H % kInt8Group == 0; }
@@ -109,8 +108,7 @@ LinearWeight CpuOps::upload_int8_rows(const int8_t* q, const float* scales, int6
             (long long)H);
   LinearWeight w;
   w.dense = alloc(DType::kF32, {V, H});
-  float* p = w.dense.f32();
-  for (int64_t i = 0; i < V * H; ++i) p[i] = float(q[i]) * scales[i / kInt8Group];
+  dequantise_int8_rows(q, scales, V * H, w.dense.f32());
   return w;
 }
 
