@@ -277,29 +277,28 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
   expect_bf16(w.dense, "vocabulary table");
   const int64_t V = w.dense.dim(0);
   const int H = static_cast<int>(w.dense.dim(1));
-  const int64_t padded = cuda::int8_tiled_rows(V);
-  Tensor q = alloc(DType::kI8, {padded, H});  // tiled: whole 16-row blocks (qgemv_kernel.cuh Int8Tiled)
-  Tensor scales = alloc(DType::kF32, {padded, H / 128});
-  cuda::launch_int8_quantize_rows(B(w.dense), static_cast<int8_t*>(q.data), F(scales), V, H, impl_->stream);
+  LinearWeight table = alloc_int8_table(V, H);
+  cuda::launch_int8_quantize_rows(B(w.dense), static_cast<int8_t*>(table.packed.data), F(table.scales), V, H,
+                                  impl_->stream);
   free_weight(w.dense);
-  w = LinearWeight{};
-  w.packed = q;
-  w.scales = scales;
+  w = table;
+}
+
+LinearWeight CudaOps::alloc_int8_table(int64_t V, int64_t H) {
+  LinearWeight w;
+  const int64_t padded = cuda::int8_tiled_rows(V);
+  w.packed = alloc(DType::kI8, {padded, H});
+  w.scales = alloc(DType::kF32, {padded, H / 128});
   w.group_size = 128;
   w.format = WeightFormat::kInt8Tiled;
   w.rows = V;
+  return w;
 }
 
 LinearWeight CudaOps::upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) {
   DS_ASSERT(keeps_int8_vocab(H), "upload_int8_rows: no int8 vocabulary tables of width %lld", (long long)H);
-  LinearWeight w;
-  const int64_t padded = cuda::int8_tiled_rows(V);
-  w.packed = alloc(DType::kI8, {padded, H});  // tiled as prepare_weight's (qgemv_kernel.cuh Int8Tiled)
-  w.scales = alloc(DType::kF32, {padded, H / 128});
+  LinearWeight w = alloc_int8_table(V, H);
   cuda::upload_int8_tiled(q, scales, V, static_cast<int>(H), static_cast<int8_t*>(w.packed.data), F(w.scales));
-  w.group_size = 128;
-  w.format = WeightFormat::kInt8Tiled;
-  w.rows = V;
   return w;
 }
 

@@ -132,6 +132,10 @@ class CudaOps final : public Ops {
   // out[:, :N] (row stride ldc) = x bf16 [T, K] . w bf16 [N, K]^T with cuBLAS
   void gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc);
   void free_weight(Tensor t);  // a weight replaced by its prepared form
+  // An int8 vocabulary table [V, H] of kInt8Tiled, its packed i8 [padded rows, H] and scales f32
+  // [padded rows, H / 128] allocated, their values left to be written (whole 16-row blocks:
+  // qgemv_kernel.cuh Int8Tiled).
+  LinearWeight alloc_int8_table(int64_t V, int64_t H);
   void linear_int8(Tensor x, const LinearWeight& w, Tensor out);
   // Rows of an N x K weight dequantised to bf16 at once for cuBLAS: all N, or a multiple of 128
   // (so of the W4A16 16-row tiles) within a quarter of the free step scratch, at least 128.
