@@ -1,6 +1,7 @@
 // Int8 group-128 row quantisation of the vocabulary tables (embedding, lm_head): the host
 // definition both backends follow exactly (the CUDA kernel in backend/cuda/int8_rows.cu computes
-// the same scales and codes bit for bit; CpuOps applies it as its twin).
+// the same scales and codes bit for bit; CpuOps applies it as its twin); and the values of int8
+// rows, quantised so or published so (Ops::upload_int8_rows).
 #pragma once
 
 #include <algorithm>

@@ -143,15 +143,19 @@ class Ops {
   // kInt8Tiled (CudaOpsOptions::int8_vocab). CPU: with int8 vocab tables on, the same quantisation
   // applied in place to the fp32 values (the twin of the CUDA kernels).
   virtual void prepare_weight(LinearWeight& w, WeightRole role) {}
-  // Whether vocabulary tables [V, H] are stored as int8 rows (prepare_weight: CUDA kInt8Tiled;
-  // CPU, the twin, their values q * scale in fp32).
+  // Whether weights [N, K] published as int8 rows (upload_int8_rows) can be stored as such: CUDA
+  // kInt8Tiled; CPU, the twin, their values q * scale in fp32.
+  virtual bool keeps_int8_rows(int64_t K) const { return false; }
+  // Whether vocabulary tables [V, H] are stored as int8 rows (prepare_weight quantises bf16 ones;
+  // those published as int8 rows keep their codes): an option of the backend's, where
+  // keeps_int8_rows(H).
   virtual bool keeps_int8_vocab(int64_t H) const { return false; }
-  // A vocabulary table published as int8 groups of 128 columns, symmetric (w[r, k] = q[r, k] *
-  // scales[r, k / 128]; q i8 [V, H], scales f32 [V, H / 128] on the host), stored as the int8
-  // table prepare_weight would make, with these codes and scales as they are. Only where
-  // keeps_int8_vocab(H).
-  virtual LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) {
-    DS_FATAL("%s keeps no int8 vocabulary tables", name());
+  // A weight published as int8 groups of 128 columns, symmetric (w[r, k] = q[r, k] * scales[r, k /
+  // 128]; q i8 [N, K], scales f32 [N, K / 128] on the host), stored as the int8 rows prepare_weight
+  // makes of a vocabulary table, with these codes and scales as they are. Only where
+  // keeps_int8_rows(K). Read by linear_weight, linear_parts and linear_swiglu, and by embedding.
+  virtual LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t N, int64_t K) {
+    DS_FATAL("%s keeps no int8 rows", name());
   }
 
   // out act [T, H] = table[plan.token_ids]; table [V, H] dense or kInt8Tiled (dequantised on gather)

@@ -3,12 +3,12 @@
 // on weights repacked by prepare_weight (signed scales, N not a multiple of 16, groups 64 to 512,
 // K ending on a short unit, and group 32, which is stored dequantised); gated linears (the input
 // gated inside the GEMV) against the separate kernels; the MLP's gate_up with its SiLU gate in the
-// GEMV's epilogue (linear_swiglu); the int8 group-128 lm_head (GEMV for
-// T <= 64, blocks of rows + cuBLAS above) and dequant-on-gather embedding against CpuOps' int8
-// twin; Ops::linear_add_rms_norm's deferred norm (the GEMV epilogues) against the separate kernels
-// and the CPU; W4A8 (int8 inputs) against the CPU's rounding of its inputs. Figures: the
-// streaming ceilings of the GEMVs' ways of reading weights, and timings
-// at the Qwen3.8-27B shapes.
+// GEMV's epilogue (linear_swiglu); the int8 group-128 lm_head (GEMV for T <= 64, blocks of rows +
+// cuBLAS above) and dequant-on-gather embedding against CpuOps' int8 twin, and other linears
+// published as int8 rows (fused parts, linear_swiglu); Ops::linear_add_rms_norm's deferred norm
+// (the GEMV epilogues) against the separate kernels and the CPU; W4A8 (int8 inputs) against the
+// CPU's rounding of its inputs. Figures: the streaming ceilings of the GEMVs' ways of reading
+// weights, and timings at the Qwen3.8-27B shapes.
 // Skipped where there is no GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -943,6 +943,76 @@ TEST_F(CudaLinearQuantTest, Int8RowsUploadAsPrepared) {
       mismatches += got[size_t(t) * H + k] != float(q[size_t(ids[t]) * H + k]) * scales[ids[t]];
   EXPECT_EQ(mismatches, 0u);
   gpu->reset_scratch();
+}
+
+// Linears published as int8 rows (the seed's MTP head; Ops::upload_int8_rows) against the CPU,
+// which holds their values in fp32: fused parts whose widths are not whole 16-row blocks (one
+// int8 GEMV writes them all up to 64 tokens, cuBLAS on dequantised rows above), a consumer's norm
+// scale (RowScale, applied after), and a gate_up through linear_swiglu. Codes span -128..127.
+TEST_F(CudaLinearQuantTest, Int8RowsLinearsMatchCpu) {
+  const int K = 384;
+  auto int8_weight = [&](int N, Ops& ops, std::vector<int8_t>& q, std::vector<float>& scales) {
+    q.resize(size_t(N) * K);
+    for (int8_t& c : q) c = static_cast<int8_t>(static_cast<int>(rng() % 256) - 128);
+    scales = random_bf16(size_t(N) * K / kInt8Group, rng, 0.01f);
+    return ops.upload_int8_rows(q.data(), scales.data(), N, K);
+  };
+  for (const std::vector<int>& widths : std::vector<std::vector<int>>{{37, 100, 16}, {200}}) {
+    int N = 0;
+    for (int w : widths) N += w;
+    std::vector<int8_t> q;
+    std::vector<float> scales;
+    const LinearWeight wg = int8_weight(N, *gpu, q, scales);
+    ASSERT_EQ(wg.format, WeightFormat::kInt8Tiled);
+    const LinearWeight wc = cpu.upload_int8_rows(q.data(), scales.data(), N, K);
+    for (int T : {1, 8, 9, 63, 64, 65, 500}) {
+      for (bool scaled : {false, true}) {
+        const std::string what = "N " + std::to_string(N) + " T " + std::to_string(T) + (scaled ? " scaled" : "");
+        const std::vector<float> x = random_bf16(size_t(T) * K, rng);
+        std::vector<float> ss(T);
+        for (float& v : ss) v = float(K) * (0.5f + float(rng() % 1000) / 1000.f);
+        RowScale sc, sg;
+        if (scaled) {
+          sc.ss = cpu.upload(ss.data(), DType::kF32, {1, T}, DType::kF32);
+          sg.ss = gpu->upload(ss.data(), DType::kF32, {1, T}, DType::kF32);
+          sc.eps = sg.eps = 1e-6f;
+        }
+        std::vector<Tensor> pc, pg;
+        for (int w : widths) {
+          pc.push_back(cpu.scratch(DType::kF32, {T, w}));
+          pg.push_back(gpu->scratch(DType::kBF16, {T, w}));
+        }
+        cpu.linear_parts(cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32), wc, pc, false, sc);
+        gpu->linear_parts(gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16), wg, pg, false, sg);
+        for (size_t p = 0; p < widths.size(); ++p) {
+          const std::vector<float> ref(pc[p].f32(), pc[p].f32() + pc[p].numel());
+          EXPECT_LE(rel_rms(download(pg[p]), ref), 5e-3) << what << " part " << p;
+        }
+        gpu->reset_scratch();
+        cpu.reset_scratch();
+      }
+    }
+  }
+  // gate_up [2I, K] (WeightRole::kGateUp) through linear_swiglu: the product of its two parts.
+  const int I = 72;
+  std::vector<int8_t> q;
+  std::vector<float> scales;
+  LinearWeight wg = int8_weight(2 * I, *gpu, q, scales);
+  gpu->prepare_weight(wg, WeightRole::kGateUp);
+  ASSERT_EQ(wg.format, WeightFormat::kInt8Tiled);
+  const LinearWeight wc = cpu.upload_int8_rows(q.data(), scales.data(), 2 * I, K);
+  for (int T : {1, 63, 500}) {
+    const std::vector<float> x = random_bf16(size_t(T) * K, rng);
+    Tensor gc = cpu.scratch(DType::kF32, {T, I}), uc = cpu.scratch(DType::kF32, {T, I});
+    Tensor oc = cpu.scratch(DType::kF32, {T, I});
+    cpu.linear_swiglu(cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32), wc, gc, uc, oc);
+    Tensor gg = gpu->scratch(DType::kBF16, {T, I}), ug = gpu->scratch(DType::kBF16, {T, I});
+    Tensor og = gpu->scratch(DType::kBF16, {T, I});
+    gpu->linear_swiglu(gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16), wg, gg, ug, og);
+    EXPECT_LE(rel_rms(download(og), std::vector<float>(oc.f32(), oc.f32() + oc.numel())), 5e-3) << "swiglu T " << T;
+    gpu->reset_scratch();
+    cpu.reset_scratch();
+  }
 }
 
 // The ceilings of the GEMVs' two ways of reading weights (stream_probe.cu), as figures: bulk-copy

@@ -101,14 +101,11 @@ void CpuOps::prepare_weight(LinearWeight& w, WeightRole role) {
   dequantise_int8_rows(q.data(), scales.data(), rows * cols, w.dense.f32());
 }
 
-bool CpuOps::keeps_int8_vocab(int64_t H) const { return int8_vocab_ && H % kInt8Group == 0; }
-
-LinearWeight CpuOps::upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) {
-  DS_ASSERT(keeps_int8_vocab(H), "upload_int8_rows: int8 vocabulary tables are off or H %lld is not whole groups",
-            (long long)H);
+LinearWeight CpuOps::upload_int8_rows(const int8_t* q, const float* scales, int64_t N, int64_t K) {
+  DS_ASSERT(keeps_int8_rows(K), "upload_int8_rows: K %lld is not whole groups of %d", (long long)K, kInt8Group);
   LinearWeight w;
-  w.dense = alloc(DType::kF32, {V, H});
-  dequantise_int8_rows(q, scales, V * H, w.dense.f32());
+  w.dense = alloc(DType::kF32, {N, K});
+  dequantise_int8_rows(q, scales, N * K, w.dense.f32());
   return w;
 }
 

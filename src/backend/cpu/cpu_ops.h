@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "ops/int8_rows.h"
 #include "ops/ops.h"
 
 namespace ds {
@@ -16,7 +17,7 @@ enum class GdnMode {
   kChunked,    // chunked form everywhere
 };
 
-class CpuOps final : public Ops {
+class CpuOps : public Ops {
  public:
   // bf16_activations: round every activation an op writes to bf16, emulating a bf16 backend's
   // storage with fp32 math (the same-precision baseline the CUDA backend is judged against).
@@ -43,9 +44,10 @@ class CpuOps final : public Ops {
 
   void begin_step(const StepPlan& plan) override;
   void prepare_weight(LinearWeight& w, WeightRole role) override;
-  bool keeps_int8_vocab(int64_t H) const override;
-  // The table's values q * scale in fp32, as prepare_weight leaves a table it rounds.
-  LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) override;
+  bool keeps_int8_rows(int64_t K) const override { return K % kInt8Group == 0; }
+  bool keeps_int8_vocab(int64_t H) const override { return int8_vocab_ && keeps_int8_rows(H); }
+  // The weight's values q * scale in fp32, as prepare_weight leaves a table it rounds.
+  LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t N, int64_t K) override;
   void embedding(const LinearWeight& table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;

@@ -277,28 +277,28 @@ void CudaOps::prepare_weight(LinearWeight& w, WeightRole role) {
   expect_bf16(w.dense, "vocabulary table");
   const int64_t V = w.dense.dim(0);
   const int H = static_cast<int>(w.dense.dim(1));
-  LinearWeight table = alloc_int8_table(V, H);
+  LinearWeight table = alloc_int8_rows(V, H);
   cuda::launch_int8_quantize_rows(B(w.dense), static_cast<int8_t*>(table.packed.data), F(table.scales), V, H,
                                   impl_->stream);
   free_weight(w.dense);
   w = table;
 }
 
-LinearWeight CudaOps::alloc_int8_table(int64_t V, int64_t H) {
+LinearWeight CudaOps::alloc_int8_rows(int64_t N, int64_t K) {
   LinearWeight w;
-  const int64_t padded = cuda::int8_tiled_rows(V);
-  w.packed = alloc(DType::kI8, {padded, H});
-  w.scales = alloc(DType::kF32, {padded, H / 128});
+  const int64_t padded = cuda::int8_tiled_rows(N);
+  w.packed = alloc(DType::kI8, {padded, K});
+  w.scales = alloc(DType::kF32, {padded, K / 128});
   w.group_size = 128;
   w.format = WeightFormat::kInt8Tiled;
-  w.rows = V;
+  w.rows = N;
   return w;
 }
 
-LinearWeight CudaOps::upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) {
-  DS_ASSERT(keeps_int8_vocab(H), "upload_int8_rows: no int8 vocabulary tables of width %lld", (long long)H);
-  LinearWeight w = alloc_int8_table(V, H);
-  cuda::upload_int8_tiled(q, scales, V, static_cast<int>(H), static_cast<int8_t*>(w.packed.data), F(w.scales));
+LinearWeight CudaOps::upload_int8_rows(const int8_t* q, const float* scales, int64_t N, int64_t K) {
+  DS_ASSERT(keeps_int8_rows(K), "upload_int8_rows: K %lld is not whole groups of 128", (long long)K);
+  LinearWeight w = alloc_int8_rows(N, K);
+  cuda::upload_int8_tiled(q, scales, N, static_cast<int>(K), static_cast<int8_t*>(w.packed.data), F(w.scales));
   return w;
 }
 
@@ -472,7 +472,10 @@ void CudaOps::linear_quantized(Tensor x, const LinearWeight& w, Tensor out) {
   expect_bf16(x, "linear x");
   expect_bf16(out, "linear out");
   if (w.format == WeightFormat::kInt8Tiled) {
-    linear_int8(x, w, out);
+    DS_ASSERT(out.numel() == x.dim(0) * w.rows, "int8 linear shapes x%s (N %lld) out%s", x.shape_str().c_str(),
+              static_cast<long long>(w.rows), out.shape_str().c_str());
+    linear_int8(B(x), static_cast<int>(x.dim(0)), static_cast<int>(x.dim(1)), w,
+                cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)));
     return;
   }
   DS_ASSERT(w.format == WeightFormat::kW4A16Tiled, "W4A16 weights reach the CUDA linear through prepare_weight");
@@ -494,10 +497,19 @@ bool w4a16_takes_gemv(int T) { return cuda::w4a16_gemv_tokens() > 0 && T <= cuda
 
 void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs, bool after_same_input,
                            const RowScale& scale) {
-  // Tiled W4A16 cannot be cut into row views: one GEMV writes every part. Small dense weights
-  // (GDN b + a at decode) take one small-GEMV launch; other dense ones, and single parts, the
-  // default (row views).
+  // Tiled W4A16 and int8 rows cannot be cut into row views: one GEMV writes every part. Small
+  // dense weights (GDN b + a at decode) take one small-GEMV launch; other dense ones, and single
+  // parts, the default (row views).
   const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
+  const bool int8 = w.quantized() && w.format == WeightFormat::kInt8Tiled;
+  if (int8 && outs.size() <= size_t(cuda::kGemvMaxParts)) {
+    check_parts(x, w, outs);
+    expect_bf16(x, "linear_parts x");
+    cuda::GemvOut o = gemv_out_of(outs, "linear_parts out");
+    o.norm = norm_scale_of(scale, K);
+    linear_int8(B(x), T, K, w, o);
+    return;
+  }
   const bool tiled = w.quantized() && w.format == WeightFormat::kW4A16Tiled;
   const bool small = !w.quantized() && cuda::small_gemv_supported(x.data, w.dense.data, T,
                                                                   static_cast<int>(w.dense.dim(0)), K);
@@ -641,16 +653,25 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
           gemm(x, B(dense) + int64_t(p) * (n / 2) * K, out.ptr[p] + r0 / 2, T, n / 2, K, out.rows[p]);
         continue;
       }
-      for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p) {
-        const int lo = std::max(r0, row0), hi = std::min(r0 + n, row0 + out.rows[p]);  // the part's rows here
-        if (lo < hi) gemm(x, B(dense) + int64_t(lo - r0) * K, out.ptr[p] + (lo - row0), T, hi - lo, K, out.rows[p]);
-      }
+      gemm_rows(x, B(dense), r0, n, T, K, out);
     }
   }
-  if (scale_after)
-    for (int p = 0; p < out.n_parts; ++p)
-      cuda::launch_scale_rows(out.ptr[p], out.norm.ss, T, out.rows[p], out.norm.parts, K, out.norm.eps, impl_->stream);
+  if (scale_after) scale_parts(out, T, K);
   scratch_release(mark);
+}
+
+void CudaOps::gemm_rows(const void* x, const void* dense_bf16, int r0, int n, int T, int K,
+                        const cuda::GemvOut& out) {
+  const auto* dense = static_cast<const bf16*>(dense_bf16);
+  for (int p = 0, row0 = 0; p < out.n_parts; row0 += out.rows[p], ++p) {
+    const int lo = std::max(r0, row0), hi = std::min(r0 + n, row0 + out.rows[p]);  // the part's rows here
+    if (lo < hi) gemm(x, dense + int64_t(lo - r0) * K, out.ptr[p] + (lo - row0), T, hi - lo, K, out.rows[p]);
+  }
+}
+
+void CudaOps::scale_parts(const cuda::GemvOut& out, int T, int K) {
+  for (int p = 0; p < out.n_parts; ++p)
+    cuda::launch_scale_rows(out.ptr[p], out.norm.ss, T, out.rows[p], out.norm.parts, K, out.norm.eps, impl_->stream);
 }
 
 int CudaOps::dequant_block_rows(int N, int K) const {
@@ -659,18 +680,20 @@ int CudaOps::dequant_block_rows(int N, int K) const {
   return static_cast<int>(std::min<int64_t>(N, std::max<int64_t>(128, fit)));
 }
 
-void CudaOps::linear_int8(Tensor x, const LinearWeight& w, Tensor out) {
-  const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1)), N = static_cast<int>(w.rows);
-  DS_ASSERT(w.packed.dim(1) == K && out.numel() == int64_t(T) * N, "int8 linear shapes x%s q%s out%s",
-            x.shape_str().c_str(), w.packed.shape_str().c_str(), out.shape_str().c_str());
+void CudaOps::linear_int8(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out) {
+  const auto* x = static_cast<const bf16*>(x_bf16);
+  const int N = static_cast<int>(w.rows);
+  DS_ASSERT(w.packed.dim(1) == K, "int8 linear shapes: K %d, q%s", K, w.packed.shape_str().c_str());
+  DS_ASSERT(!out.swiglu && !out.norm.x && !out.f16, "the int8 GEMV writes plain parts, scaled after where asked");
   if (T == 0) return;
   const auto* q = static_cast<const int8_t*>(w.packed.data);
   const size_t mark = scratch_mark();
+  cuda::GemvOut o = out;
+  o.norm = {};  // a consumer's scale: scale_parts after
   if (T <= cuda::kInt8GemvMaxTokens) {
     const int splits = cuda::int8_gemv_splits(T, N, K);
     float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, T, N})) : nullptr;
-    cuda::launch_int8_gemv(B(x), q, F(w.scales), B(out), partial, impl_->gemv_counters, splits, T, N, K,
-                           impl_->stream);
+    cuda::launch_int8_gemv(x, q, F(w.scales), o, partial, impl_->gemv_counters, splits, T, N, K, impl_->stream);
   } else {
     // Blocks of rows dequantised to bf16 (within a quarter of the free scratch) for cuBLAS.
     const int block = dequant_block_rows(N, K);
@@ -678,9 +701,10 @@ void CudaOps::linear_int8(Tensor x, const LinearWeight& w, Tensor out) {
     for (int r0 = 0; r0 < N; r0 += block) {
       const int n = std::min(block, N - r0);
       cuda::launch_int8_dequant_rows(q, F(w.scales), B(dense), r0, n, K, impl_->stream);
-      gemm(x.data, dense.data, B(out) + r0, T, n, K, N);
+      gemm_rows(x, B(dense), r0, n, T, K, o);
     }
   }
+  if (out.norm.ss) scale_parts(out, T, K);
   scratch_release(mark);
 }
 

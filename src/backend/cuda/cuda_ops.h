@@ -61,8 +61,9 @@ class CudaOps final : public Ops {
   // and replayed after (env DS_CUDA_GRAPHS=0: never).
   std::vector<Tensor> run_step(const std::function<std::vector<Tensor>()>& record) override;
   void prepare_weight(LinearWeight& w, WeightRole role) override;
-  bool keeps_int8_vocab(int64_t H) const override { return options_.int8_vocab && H % 128 == 0; }
-  LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t V, int64_t H) override;
+  bool keeps_int8_rows(int64_t K) const override { return K % 128 == 0; }
+  bool keeps_int8_vocab(int64_t H) const override { return options_.int8_vocab && keeps_int8_rows(H); }
+  LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t N, int64_t K) override;
   void embedding(const LinearWeight& table, Tensor out) override;
   void rms_norm(Tensor x, Tensor w, float eps, Tensor out) override;
   void linear(Tensor x, Tensor w, Tensor out) override;
@@ -132,11 +133,19 @@ class CudaOps final : public Ops {
   // out[:, :N] (row stride ldc) = x bf16 [T, K] . w bf16 [N, K]^T with cuBLAS
   void gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc);
   void free_weight(Tensor t);  // a weight replaced by its prepared form
-  // An int8 vocabulary table [V, H] of kInt8Tiled, its packed i8 [padded rows, H] and scales f32
-  // [padded rows, H / 128] allocated, their values left to be written (whole 16-row blocks:
-  // qgemv_kernel.cuh Int8Tiled).
-  LinearWeight alloc_int8_table(int64_t V, int64_t H);
-  void linear_int8(Tensor x, const LinearWeight& w, Tensor out);
+  // Int8 rows [N, K] of kInt8Tiled (a vocabulary table, or a linear published so), its packed i8
+  // [padded rows, K] and scales f32 [padded rows, K / 128] allocated, their values left to be
+  // written (whole 16-row blocks: qgemv_kernel.cuh Int8Tiled).
+  LinearWeight alloc_int8_rows(int64_t N, int64_t K);
+  // out's parts = x bf16 [T, K] . w^T for int8 rows w: the int8 GEMV up to kInt8GemvMaxTokens
+  // tokens, else blocks of rows dequantised for cuBLAS; a consumer's norm scale (out.norm.ss,
+  // RowScale) applied after.
+  void linear_int8(const void* x_bf16, int T, int K, const LinearWeight& w, const cuda::GemvOut& out);
+  // out's parts' columns [r0, r0 + n) of x bf16 [T, K] . dense^T, dense bf16 [n, K] the weight's
+  // rows [r0, r0 + n), with cuBLAS.
+  void gemm_rows(const void* x, const void* dense, int r0, int n, int T, int K, const cuda::GemvOut& out);
+  // Each part of out divided by its rows' RMS (out.norm, a consumer's scale of an input K wide).
+  void scale_parts(const cuda::GemvOut& out, int T, int K);
   // Rows of an N x K weight dequantised to bf16 at once for cuBLAS: all N, or a multiple of 128
   // (so of the W4A16 16-row tiles) within a quarter of the free step scratch, at least 128.
   int dequant_block_rows(int N, int K) const;

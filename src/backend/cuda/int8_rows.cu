@@ -1,10 +1,11 @@
-// Int8 group-128 vocabulary tables (embedding and lm_head), quantised at load from bf16 with the
-// values of ops/int8_rows.h and stored in the tile layout of the GEMV (int8_tile_offset below),
-// so that each warp of the GEMV reads its 16 rows as one contiguous stream: 1,024-byte chunks of
-// 16 rows x 64 columns, one after the other along K, instead of 16 rows 5 KB apart (the 27B
+// Int8 group-128 rows: vocabulary tables (embedding and lm_head), quantised at load from bf16 with
+// the values of ops/int8_rows.h, and linears published as int8 (the seed's MTP head), both stored
+// in the tile layout of the GEMV (int8_tile_offset below), so that each warp of the GEMV reads its
+// 16 rows as one contiguous stream: 1,024-byte chunks of 16 rows x 64 columns, one after the other
+// along K, instead of 16 rows 5 KB apart (the 27B
 // lm_head at one token read in this order: 367.6 against 389.3 us a launch in place on the
-// H200, docs/perf/2026-12-03-s27-cuda-27b.md). The lm_head runs the tensor-core GEMV of
-// qgemv_kernel.cuh for up to 64 rows, and larger batches dequantise blocks of rows to bf16 for
+// H200, docs/perf/2026-12-03-s27-cuda-27b.md). Linears run the tensor-core GEMV of
+// qgemv_kernel.cuh for up to 64 tokens, and larger batches dequantise blocks of rows to bf16 for
 // cuBLAS; the embedding dequantises on gather.
 #include <algorithm>
 #include <cstring>
@@ -153,14 +154,15 @@ int int8_gemv_splits(int T, int N, int K) {
   return qgemv::choose_splits(r, T, N, K, kGemvMaxSplitTiles);
 }
 
-void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16* out, float* partial, int* counters,
-                      int splits, int T, int N, int K, cudaStream_t s) {
+void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, const GemvOut& out, float* partial,
+                      int* counters, int splits, int T, int N, int K, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(T <= kInt8GemvMaxTokens && K % 128 == 0, "int8 GEMV: T %d, K %d", T, K);
   DS_ASSERT(aligned16(x) && aligned16(partial),
             "int8 GEMV: x and the partials must be 16-byte aligned");
+  DS_ASSERT(!out.swiglu && !out.norm.ss && !out.f16, "int8 GEMV: plain output parts only");
   const Int8Tiled w{q, scales, K / qgemv::kChunk, K / 128};
-  const OutParts o = out_parts(GemvOut::whole(out, N), N);
+  const OutParts o = out_parts(out, N);
   if (T <= 8) launch_nt<1>(w, x, o, partial, counters, splits, T, N, K, s);
   else if (T <= 16) launch_nt<2>(w, x, o, partial, counters, splits, T, N, K, s);
   else if (T <= 32) launch_nt<4>(w, x, o, partial, counters, splits, T, N, K, s);

@@ -307,9 +307,10 @@ void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t 
 // q and scales in the tile layout (the padding zeroed); tiled on the host a piece at a time.
 void upload_int8_tiled(const int8_t* q_host, const float* scales_host, int64_t rows, int H, int8_t* q, float* scales);
 int int8_gemv_splits(int T, int N, int K);
-// T <= kInt8GemvMaxTokens; q, scales: a tiled table of N rows and K columns
-void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, bf16* out, float* partial, int* counters,
-                      int splits, int T, int N, int K, cudaStream_t s);
+// out's parts (no norm, swiglu or fp16 copy) = x bf16 [T, K] . w^T, T <= kInt8GemvMaxTokens; q,
+// scales: tiled int8 rows, N rows and K columns
+void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, const GemvOut& out, float* partial,
+                      int* counters, int splits, int T, int N, int K, cudaStream_t s);
 // w bf16 [rows, H] = dequantised rows [row0, row0 + rows) of a tiled table of H columns
 void launch_int8_dequant_rows(const int8_t* q, const float* scales, bf16* w, int64_t row0, int rows, int H,
                               cudaStream_t s);
