@@ -27,17 +27,20 @@ struct FusedLinear {
   std::vector<int64_t> rows;  // per part, in order
 };
 
-// How one part of a FusedLinear is stored at load: dense (group_size 0) or W4A16 packed with
-// group_size (4 bits, no g_idx), and whether it reads int8 inputs (LinearWeight::act_int8). Only
-// parts of equal storage can share one weight.
+// How one part of a FusedLinear is stored at load: dense (group_size 0), W4A16 packed with
+// group_size (4 bits, no g_idx), or int8 rows (int8_rows, group_size 128: published as int8
+// groups of 128, Ops::upload_int8_rows); and whether it reads int8 inputs (LinearWeight::act_int8).
+// Only parts of equal storage can share one weight.
 struct PartStorage {
   int group_size = 0;
   bool act_int8 = false;
+  bool int8_rows = false;
   bool operator==(const PartStorage&) const = default;
 };
 
 // W4A8 (DESIGN.md §4): the layer classes whose linears published as W4A16 read int8 inputs
-// (LinearWeight::act_int8). The MTP head's attention and MLP follow their classes, its fc not.
+// (LinearWeight::act_int8). The MTP head's attention and MLP follow their classes, its fc not;
+// linears published as int8 rows (the seed's MTP head) read their inputs as they are.
 struct ActInt8Layers {
   bool mlp = false, linear_attn = false, self_attn = false;
   bool operator==(const ActInt8Layers&) const = default;

@@ -28,12 +28,12 @@ class WeightSource {
   // An embedding table [rows, cols] in the backend's activation dtype (dequantised where the
   // checkpoint publishes it quantized).
   virtual Result<Tensor> embedding(const std::string& name, int64_t rows, int64_t cols) = 0;
-  // The weights `names` of linears that share one input, part i [rows[i], cols]: each W4A16
-  // where the source has it and the backend runs it, else dense; the parts stacked into one
-  // weight per group of group_parts(storage, fuse). act_int8: the parts published as W4A16 (kept
-  // or dequantised) read int8 inputs (LinearWeight::act_int8).
+  // The weights `names` of linears that share one input, part i [rows[i], cols]: each W4A16, or
+  // int8 rows where int8_rows, where the source has it so and the backend runs it, else dense; the
+  // parts stacked into one weight per group of group_parts(storage, fuse). act_int8: the parts
+  // published as W4A16 (kept or dequantised) read int8 inputs (LinearWeight::act_int8).
   virtual Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows,
-                                    int64_t cols, bool fuse, bool act_int8) = 0;
+                                    int64_t cols, bool fuse, bool act_int8, bool int8_rows) = 0;
   // A vocabulary table [rows, cols] the source publishes as int8 groups of 128, in the backend's
   // int8 storage with the published codes and scales, where the backend keeps int8 tables
   // (Ops::upload_int8_rows); else std::nullopt, and the table is read as any other.
@@ -62,24 +62,24 @@ class CheckpointSource final : public WeightSource {
   Result<std::optional<LinearWeight>> published_int8(const std::string& name, int64_t rows, int64_t cols) override {
     const std::string module = module_of(name);
     if (!ck_.is_quantized(module) || !ops_.keeps_int8_vocab(cols)) return std::optional<LinearWeight>();
-    DS_ASSIGN_OR_RETURN(const QuantScheme scheme, ck_.packed_scheme(module, rows, cols));
-    if (scheme.bits != 8 || scheme.group_size != 128) return std::optional<LinearWeight>();  // read as any other
-    DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
-    if (!p.g_idx.empty()) return std::optional<LinearWeight>();
-    std::vector<int8_t> q = int8_codes(p);
-    p.packed = {};
-    return std::optional<LinearWeight>(ops_.upload_int8_rows(q.data(), p.scales.data(), rows, cols));
+    DS_ASSIGN_OR_RETURN(std::optional<PackedLinear> p, int8_rows_of(module, rows, cols));
+    if (!p) return std::optional<LinearWeight>();  // read as any other
+    HostLinear h;
+    h.rows = rows;
+    h.bits = 8;
+    h.packed = std::move(p);
+    return std::optional<LinearWeight>(upload_int8(std::span<const HostLinear>(&h, 1), cols));
   }
   // Every part is read to the host first; a group is stacked there and uploaded once, so the
   // device never holds a part and its group at the same time.
   Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols,
-                            bool fuse, bool act_int8) override {
+                            bool fuse, bool act_int8, bool int8_rows) override {
     std::vector<HostLinear> parts;
     std::vector<PartStorage> storage;
     for (size_t i = 0; i < names.size(); ++i) {
-      DS_ASSIGN_OR_RETURN(HostLinear p, read(names[i], rows[i], cols));
-      const bool published_w4 = p.packed || !p.dequantised.empty();
-      storage.push_back({p.packed ? p.packed->group_size : 0, act_int8 && published_w4});
+      DS_ASSIGN_OR_RETURN(HostLinear p, read(names[i], rows[i], cols, int8_rows));
+      const bool kept_int8 = p.packed && p.bits == 8;
+      storage.push_back({p.packed ? p.packed->group_size : 0, act_int8 && p.bits == 4, kept_int8});
       parts.push_back(std::move(p));
     }
     FusedLinear f;
@@ -87,7 +87,9 @@ class CheckpointSource final : public WeightSource {
     size_t first = 0;
     for (int n : group_parts(storage, fuse)) {
       const std::span<const HostLinear> group(parts.data() + first, n);
-      LinearWeight w = storage[first].group_size ? upload_packed(group, cols) : upload_dense(group, cols);
+      LinearWeight w = storage[first].int8_rows    ? upload_int8(group, cols)
+                       : storage[first].group_size ? upload_packed(group, cols)
+                                                   : upload_dense(group, cols);
       w.act_int8 = storage[first].act_int8;
       f.groups.push_back({std::move(w), n});
       first += n;
@@ -105,16 +107,29 @@ class CheckpointSource final : public WeightSource {
 
  private:
   // One linear's weight [rows, cols] on the host, as the backend will store it: exactly one of
-  // packed (W4A16 kept), tensor (dense as published) or dequantised (dense from a packed form
-  // the backend does not run) is set.
+  // packed (W4A16 kept, or int8 rows kept: bits 8), tensor (dense as published) or dequantised
+  // (dense from a packed form the backend does not run) is set.
   struct HostLinear {
     int64_t rows = 0;
+    int bits = 0;  // of the published packed form; 0: dense as published
     std::optional<PackedLinear> packed;
     CheckpointTensor tensor;         // a view into the mapped file
     std::vector<float> dequantised;  // f32 [rows, cols]
   };
 
-  Result<HostLinear> read(const std::string& name, int64_t rows, int64_t cols) {
+  // The packed form of `module` where it is int8 rows the backend keeps (8 bits, groups of 128, no
+  // g_idx: Ops::keeps_int8_rows), else std::nullopt; other forms' words are not read.
+  Result<std::optional<PackedLinear>> int8_rows_of(const std::string& module, int64_t rows, int64_t cols) {
+    DS_ASSIGN_OR_RETURN(const QuantScheme scheme, ck_.packed_scheme(module, rows, cols));
+    if (scheme.bits != 8 || scheme.group_size != 128 || !ops_.keeps_int8_rows(cols))
+      return std::optional<PackedLinear>();
+    DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
+    if (!p.g_idx.empty()) return std::optional<PackedLinear>();
+    return std::optional<PackedLinear>(std::move(p));
+  }
+
+  // int8_rows: a linear published as int8 rows is kept so where the backend keeps them.
+  Result<HostLinear> read(const std::string& name, int64_t rows, int64_t cols, bool int8_rows) {
     const std::string module = module_of(name);
     HostLinear h;
     h.rows = rows;
@@ -122,9 +137,15 @@ class CheckpointSource final : public WeightSource {
       DS_ASSIGN_OR_RETURN(h.tensor, ck_.get_float(name, {rows, cols}));
       return h;
     }
-    if (ops_.supports_w4a16()) {
+    DS_ASSIGN_OR_RETURN(const QuantScheme scheme, ck_.packed_scheme(module, rows, cols));
+    h.bits = scheme.bits;
+    if (int8_rows) {
+      DS_ASSIGN_OR_RETURN(h.packed, int8_rows_of(module, rows, cols));
+      if (h.packed) return h;
+    }
+    if (ops_.supports_w4a16() && scheme.bits == 4) {
       DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
-      if (p.bits == 4 && p.g_idx.empty() && cols % p.group_size == 0) {
+      if (p.g_idx.empty() && cols % p.group_size == 0) {
         h.packed = std::move(p);
         return h;
       }
@@ -173,6 +194,23 @@ class CheckpointSource final : public WeightSource {
     return w;
   }
 
+  // Int8 rows stacked row-wise, i8 [sum rows, cols] with scales f32 [sum rows, cols / 128] on the
+  // host, in the backend's int8 storage (Ops::upload_int8_rows).
+  LinearWeight upload_int8(std::span<const HostLinear> parts, int64_t cols) {
+    int64_t n = 0;
+    std::vector<int8_t> q;  // a single part's codes as they come (the 27B's lm_head: 1.3 GB, not copied)
+    std::vector<float> scales;
+    for (const HostLinear& p : parts) {
+      DS_ASSERT(p.packed && p.packed->bits == 8 && p.packed->group_size == 128, "an int8 group mixes storage");
+      std::vector<int8_t> codes = int8_codes(*p.packed);
+      if (q.empty()) q = std::move(codes);
+      else q.insert(q.end(), codes.begin(), codes.end());
+      scales.insert(scales.end(), p.packed->scales.begin(), p.packed->scales.end());
+      n += p.rows;
+    }
+    return ops_.upload_int8_rows(q.data(), scales.data(), n, cols);
+  }
+
   // W4A16 parts of one group size stacked row-wise: packed i32 [sum rows, cols/8], scales f32
   // [sum rows, cols/group_size].
   LinearWeight upload_packed(std::span<const HostLinear> parts, int64_t cols) {
@@ -207,7 +245,7 @@ class SyntheticSource final : public WeightSource {
     return t;
   }
   Result<FusedLinear> fused(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols,
-                            bool fuse, bool act_int8) override {
+                            bool fuse, bool act_int8, bool /*int8_rows*/) override {
     std::vector<PartStorage> storage;
     for (const std::string& name : names) {
       const bool keep_dense = name == "lm_head.weight" || name.find("in_proj_a") != std::string::npos ||
@@ -279,7 +317,9 @@ class Loader {
     if (role == WeightRole::kEmbedding) {
       DS_ASSIGN_OR_RETURN(w.dense, src_.embedding(name, rows, cols));
     } else {
-      DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused({name}, {rows}, cols, /*fuse=*/false, act_int8));
+      // A vocabulary table published as int8 and not kept so above is read through its values.
+      DS_ASSIGN_OR_RETURN(FusedLinear f,
+                          src_.fused({name}, {rows}, cols, /*fuse=*/false, act_int8, !is_vocab_role(role)));
       w = std::move(f.groups[0].w);
     }
     ops_.prepare_weight(w, role);
@@ -292,7 +332,7 @@ class Loader {
                             const std::vector<int64_t>& rows, int64_t cols, WeightRole role, bool act_int8) {
     std::vector<std::string> full;
     for (const std::string& n : names) full.push_back(p + n + ".weight");
-    DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused(full, rows, cols, fuse_, act_int8));
+    DS_ASSIGN_OR_RETURN(FusedLinear f, src_.fused(full, rows, cols, fuse_, act_int8, /*int8_rows=*/true));
     for (FusedLinear::Group& g : f.groups)
       ops_.prepare_weight(g.w, g.n_parts == static_cast<int>(names.size()) ? role : WeightRole::kLinear);
     return f;

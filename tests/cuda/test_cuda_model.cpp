@@ -1,7 +1,8 @@
 // The CUDA backend end to end on every fixture: logits against transformers' fp32 reference
 // within bf16 tolerance, greedy continuations equal where the reference margin is clear of
 // bf16 noise, chunked prefill against one-piece prefill, programmatic dependent launch against
-// none, W4A8 end to end, and vocabulary tables published quantized. Skipped where there is no GPU.
+// none, W4A8 end to end, vocabulary tables published quantized, and the MTP head (bf16, and int8
+// rows as the seed publishes it). Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -13,7 +14,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/launchers.h"
 #include "model/fixture.h"
-#include "unit/vocab_requant.h"
+#include "unit/seed_requant.h"
 
 namespace ds::test {
 namespace {
@@ -235,7 +236,7 @@ TEST(CudaDemoModel, TensorCoreDecodeAttentionWithinBf16OfReference) {
   cuda::set_attention_decode_tc(before);
 }
 
-// The seed system's requantized vocabulary tables on the CUDA backend (unit/vocab_requant.h): an
+// The seed system's requantized vocabulary tables on the CUDA backend (unit/seed_requant.h): an
 // int8 lm_head and embedding table, read as bf16 tables or quantised again into the backend's int8
 // ones (the same codes); or an int4 lm_head, a W4A16 GEMV of the vocabulary's rows. Against the
 // CPU on the same checkpoint with those tables dequantised as F32, judged like the fixtures
@@ -262,6 +263,34 @@ TEST(CudaModelQuantizedVocab, LogitsWithinBf16OfCpu) {
       EXPECT_LE(err, 1.5 * base + 1e-3) << int8_tables << int8_vocab;
     }
   }
+}
+
+// The MTP head on the CUDA backend (forward_mtp over a prompt), bf16 and as the seed's int8 rows
+// (seed_requant.h Int8MtpCopies: its linears on the int8 GEMV), against the CPU on the same values
+// as F32, judged like the fixtures against the CPU's bf16 baseline; the int8 head holds fewer
+// weight bytes.
+TEST(CudaModelMtp, LogitsWithinBf16OfCpu) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  const Reference ref = load_reference("tiny_w4a16");
+  std::vector<int> rows(ref.prompt_ids.size() - 1);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int>(i);
+  Int8MtpCopies c("tiny_w4a16");
+  Engine cpu = make_engine(c.dequantised.string());
+  Engine baseline = make_engine(c.dequantised.string(), 4, 64, 16, /*bf16_activations=*/true);
+  const std::vector<float> want = mtp_prompt_logits(*cpu.runner, *cpu.ops, *cpu.model, ref.prompt_ids, rows);
+  const double base =
+      rel_rms(mtp_prompt_logits(*baseline.runner, *baseline.ops, *baseline.model, ref.prompt_ids, rows), want);
+  size_t bytes[2];
+  for (bool int8_head : {false, true}) {
+    GpuEngine g = make_gpu_engine((int8_head ? c.quantized : c.dequantised).string());
+    ASSERT_TRUE(g.model->has_mtp());
+    bytes[int8_head] = g.ops->weight_bytes();
+    const double err = rel_rms(mtp_prompt_logits(*g.runner, *g.ops, *g.model, ref.prompt_ids, rows), want);
+    std::cout << "[figure] mtp head " << (int8_head ? "int8" : "bf16") << " rel_rms " << err
+              << " cpu_bf16_baseline_rel_rms " << base << "\n";
+    EXPECT_LE(err, 1.5 * base + 1e-3) << (int8_head ? "int8" : "bf16");
+  }
+  EXPECT_LT(bytes[1], bytes[0]);
 }
 
 // The demo model with int8 embedding / lm_head tables (the CUDA default) against the CPU

@@ -81,25 +81,26 @@ double rel_rms(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(num / den);
 }
 
-std::vector<float> mtp_prompt_logits(Engine& e, const std::vector<int32_t>& ids, const std::vector<int>& rows) {
+std::vector<float> mtp_prompt_logits(Runner& runner, Ops& ops, Qwen35Model& model, const std::vector<int32_t>& ids,
+                                     const std::vector<int>& rows) {
   const int n = static_cast<int>(ids.size());
   Sequence seq;
   seq.tokens = ids;
-  EXPECT_TRUE(e.runner->admit(seq).ok());
-  auto plan = e.runner->plan_step({SeqWork{&seq, n, false}});
+  EXPECT_TRUE(runner.admit(seq).ok());
+  auto plan = runner.plan_step({SeqWork{&seq, n, false}});
   EXPECT_TRUE(plan.ok());
-  e.ops->reset_scratch();
+  ops.reset_scratch();
   Tensor hidden;
-  e.model->forward(plan.value(), &hidden);
+  model.forward(plan.value(), &hidden);
   StepPlan mtp = plan.value();
   mtp.token_ids.assign(ids.begin() + 1, ids.end());
   mtp.positions.resize(n - 1);
   mtp.cu_seqlens = {0, n - 1};
   mtp.logit_rows.assign(rows.begin(), rows.end());
-  Tensor logits = e.model->forward_mtp(mtp, hidden.rows(0, n - 1));
+  Tensor logits = model.forward_mtp(mtp, hidden.rows(0, n - 1));
   std::vector<float> out(logits.numel());
-  e.ops->download_f32(logits, out.data());
-  e.runner->release(seq);
+  ops.download_f32(logits, out.data());
+  runner.release(seq);
   return out;
 }
 

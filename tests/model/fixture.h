@@ -44,8 +44,10 @@ double rel_rms(const std::vector<float>& a, const std::vector<float>& b);
 
 // MTP logits over a prompt (architecture reference §6): the main model runs the prompt keeping
 // its final-normed hidden; MTP slot i takes token ids[i+1], that hidden of row i and position
-// i. Returns the logits of the slots in `rows`, [rows, vocab] flattened.
-std::vector<float> mtp_prompt_logits(Engine& e, const std::vector<int32_t>& ids, const std::vector<int>& rows);
+// i. Returns the logits of the slots in `rows`, [rows, vocab] flattened. On any backend (the
+// CUDA tests' engines too).
+std::vector<float> mtp_prompt_logits(Runner& runner, Ops& ops, Qwen35Model& model, const std::vector<int32_t>& ids,
+                                     const std::vector<int>& rows);
 
 // Logits of every prompt row, fed in chunks of the given sizes (cycled).
 std::vector<float> prefill_logits(Engine& e, const std::vector<int32_t>& ids, const std::vector<int>& chunks);

@@ -119,7 +119,7 @@ TEST(DemoModel, MtpLogitsMatchReference) {
   ASSERT_TRUE(e.model->has_mtp());
   std::vector<float> ours;
   for (const auto& s : ref.seqs) {
-    const std::vector<float> rows = mtp_prompt_logits(e, s.prompt_ids, s.mtp_rows);
+    const std::vector<float> rows = mtp_prompt_logits(*e.runner, *e.ops, *e.model, s.prompt_ids, s.mtp_rows);
     ours.insert(ours.end(), rows.begin(), rows.end());
   }
   const double err = max_err_over_std(ours, ref.mtp_logits.data);

@@ -1,6 +1,6 @@
 // Linears fused at load (FusedLinear): the grouping rule on every mix of storage (the GPU's too),
-// what the CPU loader builds from a W4A16 checkpoint, and that fusion changes no value:
-// DS_FUSE_LINEARS=0 gives the same weights and bit-identical logits.
+// what the CPU loader builds from a W4A16 checkpoint and from an int8 MTP head, and that fusion
+// changes no value: DS_FUSE_LINEARS=0 gives the same weights and bit-identical logits.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "model/fixture.h"
+#include "unit/seed_requant.h"
 
 namespace ds::test {
 namespace {
@@ -16,6 +17,7 @@ namespace {
 constexpr PartStorage kDense{0};
 constexpr PartStorage kW4g128{128};
 constexpr PartStorage kW4g64{64};
+constexpr PartStorage kInt8{128, false, true};
 
 TEST(GroupParts, ConsecutivePartsOfEqualStorageShareAWeight) {
   // GDN in_proj of a published W4A16 checkpoint on a backend that keeps W4A16: qkv, z | b, a
@@ -26,6 +28,8 @@ TEST(GroupParts, ConsecutivePartsOfEqualStorageShareAWeight) {
   // a different group size is a different storage; equal storage apart does not join
   EXPECT_EQ(group_parts({kW4g128, kW4g64, kW4g64, kDense, kW4g128}, true), (std::vector<int>{1, 2, 1, 1}));
   EXPECT_EQ(group_parts({kDense, kW4g128, kDense}, true), (std::vector<int>{1, 1, 1}));
+  // int8 rows are not W4A16 of the same group size
+  EXPECT_EQ(group_parts({kW4g128, kInt8, kInt8}, true), (std::vector<int>{1, 2}));
   EXPECT_EQ(group_parts({kDense}, true), (std::vector<int>{1}));
   EXPECT_EQ(group_parts({}, true), (std::vector<int>{}));
 }
@@ -108,6 +112,47 @@ TEST(FusedLinearLoad, W4A16CheckpointOnCpuIsOneDenseGroupPerInput) {
     ++n_checked;
   });
   EXPECT_EQ(n_checked, 2 * c.num_hidden_layers + (w.value().mtp ? 2 : 0));
+}
+
+// Records the int8 rows the loader hands the backend (Ops::upload_int8_rows), [N, K] each.
+class Int8RowsCpuOps : public CpuOps {
+ public:
+  LinearWeight upload_int8_rows(const int8_t* q, const float* scales, int64_t N, int64_t K) override {
+    uploads.push_back({N, K});
+    return CpuOps::upload_int8_rows(q, scales, N, K);
+  }
+  std::vector<std::pair<int64_t, int64_t>> uploads;
+};
+
+// The seed's int8 MTP head (seed_requant.h): the linears of each input reach the backend as one
+// weight of int8 rows (the CPU holds their values in fp32), and its logits are those of the same
+// values published as F32, with W4A8 on too (int8 rows read their inputs as they are).
+TEST(FusedLinearLoad, Int8MtpHeadLoadsAsInt8Rows) {
+  Int8MtpCopies c("tiny_w4a16");
+  {
+    auto ck = Checkpoint::open(c.quantized.string());
+    ASSERT_TRUE(ck.ok()) << ck.status().message();
+    const ModelConfig& cfg = ck.value()->config();
+    const int64_t H = cfg.hidden_size, I = cfg.intermediate_size, hd = cfg.head_dim;
+    const int64_t q = cfg.num_attention_heads * hd, kv = cfg.num_key_value_heads * hd;
+    Int8RowsCpuOps ops;
+    FuseEnv on("1");
+    auto w = load_weights(*ck.value(), ops);
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    // fc, q + k + v, o_proj, gate + up, down_proj
+    EXPECT_EQ(ops.uploads,
+              (std::vector<std::pair<int64_t, int64_t>>{{H, 2 * H}, {2 * q + 2 * kv, H}, {H, q}, {2 * I, H}, {H, I}}));
+  }
+  const std::vector<int32_t> ids = load_reference("tiny_w4a16").prompt_ids;
+  std::vector<int> rows(ids.size() - 1);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int>(i);
+  for (const ActInt8Layers a8 : {ActInt8Layers{}, ActInt8Layers{true, true, true}}) {
+    Engine quantized = make_engine(c.quantized.string(), 4, 64, 16, false, false, a8);
+    Engine exact = make_engine(c.dequantised.string(), 4, 64, 16, false, false, a8);
+    EXPECT_EQ(mtp_prompt_logits(*quantized.runner, *quantized.ops, *quantized.model, ids, rows),
+              mtp_prompt_logits(*exact.runner, *exact.ops, *exact.model, ids, rows))
+        << "W4A8 " << a8.mlp;
+  }
 }
 
 TEST(FusedLinearLoad, FusionOffLoadsEveryPartAlone) {

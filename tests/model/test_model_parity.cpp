@@ -43,7 +43,7 @@ TEST_P(Parity, MtpLogitsMatchReference) {
   ASSERT_TRUE(e.model->has_mtp());
   std::vector<int> rows(ref.prompt_ids.size() - 1);
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<int>(i);
-  const std::vector<float> ours = mtp_prompt_logits(e, ref.prompt_ids, rows);
+  const std::vector<float> ours = mtp_prompt_logits(*e.runner, *e.ops, *e.model, ref.prompt_ids, rows);
   const double err = max_err_over_std(ours, ref.mtp_logits.data);
   RecordProperty("max_err_over_std", std::to_string(err));
   EXPECT_LE(err, 1e-4) << GetParam();

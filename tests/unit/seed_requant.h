@@ -1,8 +1,8 @@
-// Test helper: copies of a fixture whose vocabulary tables are stored as the seed system's
-// requantization scripts store them (compressed-tensors pack-quantized: an int8 lm_head with fp16
-// scales, an int8 embedding table with bf16 scales, or its fast variant's int4 lm_head), beside a
-// copy holding the same values dequantised as F32; and the safetensors / config.json rewriting
-// they are made with.
+// Test helper: copies of a fixture whose vocabulary tables or MTP head are stored as the seed
+// system's requantization scripts store them (compressed-tensors pack-quantized: an int8 lm_head
+// with fp16 scales, an int8 embedding table with bf16 scales, or its fast variant's int4 lm_head;
+// an int8 MTP head with bf16 scales), beside a copy holding the same values dequantised as F32;
+// and the safetensors / config.json rewriting they are made with.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -142,6 +142,48 @@ struct VocabCopies {
   }
   VocabCopies(const VocabCopies&) = delete;
   VocabCopies& operator=(const VocabCopies&) = delete;
+};
+
+// The MTP head's linears: mtp.fc, and its layer's attention and MLP.
+inline std::vector<std::string> mtp_linears() {
+  std::vector<std::string> names = {"mtp.fc.weight"};
+  for (const char* n : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"})
+    names.push_back(std::string("mtp.layers.0.") + n + ".weight");
+  return names;
+}
+
+// Two copies of the W4A16 fixture `name` (its MTP head bf16, each linear's K a multiple of 128):
+// `quantized` with the MTP head's linears int8 in groups of 128 with bf16 scales, under a scheme
+// of their own (group_3, targets re:^mtp\..*, mtp no longer in `ignore`), as the seed's
+// requantized checkpoint has them; `dequantised` with those linears as F32 of the same values.
+// Both removed with the object.
+struct Int8MtpCopies {
+  std::filesystem::path quantized, dequantised;
+  explicit Int8MtpCopies(const std::string& name)
+      : quantized(copy_fixture(name, "mtp_q")), dequantised(copy_fixture(name, "mtp_f")) {
+    const std::vector<std::string> names = mtp_linears();
+    std::vector<std::vector<float>> values;
+    rewrite_weights(quantized, [&](auto& e) {
+      for (const std::string& n : names) values.push_back(pack_quantize(e, n, 8, "BF16"));
+    });
+    rewrite_weights(dequantised, [&](auto& e) {
+      for (size_t i = 0; i < names.size(); ++i) store_f32(e, names[i], values[i]);
+    });
+    edit_config(quantized, [](nlohmann::json& j) {
+      auto& q = j["quantization_config"];
+      q["ignore"].erase(std::remove(q["ignore"].begin(), q["ignore"].end(), "re:^mtp.*"), q["ignore"].end());
+      q["config_groups"]["group_3"] = q["config_groups"]["group_0"];
+      q["config_groups"]["group_3"]["weights"]["num_bits"] = 8;
+      q["config_groups"]["group_3"]["targets"] = nlohmann::json::array({"re:^mtp\\..*"});
+    });
+  }
+  ~Int8MtpCopies() {
+    std::filesystem::remove_all(quantized);
+    std::filesystem::remove_all(dequantised);
+  }
+  Int8MtpCopies(const Int8MtpCopies&) = delete;
+  Int8MtpCopies& operator=(const Int8MtpCopies&) = delete;
 };
 
 }  // namespace ds::test

@@ -12,7 +12,7 @@
 #include "model/qwen3_5.h"
 #include "ops/int8_rows.h"
 #include "unit/st_writer.h"
-#include "unit/vocab_requant.h"
+#include "unit/seed_requant.h"
 
 namespace ds {
 namespace {
