@@ -368,7 +368,8 @@ TEST_F(CudaLinearQuantTest, W4A8MatchesCpu) {
     for (int T : {1, 2, 4, 8}) {
       const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " g" + std::to_string(sh.group) +
                                " T" + std::to_string(T) + (sh.gate < 0 ? "" : " gated " + std::to_string(sh.gate));
-      const bool fused_gate = sh.gate >= 0 && cuda::w4a16_gemv_gates_input(T, N, K, sh.group);  // as CudaOps
+      // As CudaOps: a SiLU gate applied while the inputs are staged; a sigmoid one by its own kernel.
+      const bool fused_gate = sh.gate == silu && cuda::w4a16_gemv_gates_input(T, N, K, sh.group);
       const bool a8 = cuda::w4a16_gemv_takes_a8(T, N, K, sh.group, fused_gate);
       n_a8 += a8;
       const std::vector<float> x = random_bf16(size_t(T) * K, rng), xb = random_bf16(size_t(T) * K, rng);
@@ -575,8 +576,8 @@ TEST_F(CudaLinearQuantTest, W4A16SwigluMatchesCpu) {
 }
 
 // Gated linears (Ops::gated_linear: silu(a) * b or a * sigmoid(b), then the linear): the CUDA GEMV
-// gates its input while staging it, bit for bit what silu_mul / sigmoid_mul and the plain GEMV
-// give; T 20 takes the separate kernels. Both against the CPU.
+// gates a SiLU-gated input while staging it, bit for bit what silu_mul and the plain GEMV give;
+// T 20 and the sigmoid gate take the separate kernels. Both against the CPU.
 TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
   const GemvSettingsRestored restore;
   if (cuda::w4a16_gemv_tma()) {
@@ -698,8 +699,8 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
         ops.linear_add_rms_norm(ag, sh.gated ? &bg : nullptr, GateAct::kMulSigmoid, wp, xg, wn, kEps, ss, out, {},
                                 half);
         if (&ops == gpu.get()) {
-          // Deferred wherever the GEMV takes one split-K launch of the one-tile kernel (the gated
-          // o_proj at 8 tokens too, its gate applied by a kernel of its own).
+          // Deferred wherever the GEMV takes one split-K launch of the one-tile kernel (the
+          // sigmoid-gated o_proj too, its gate applied by a kernel of its own).
           EXPECT_EQ(!out.scale.empty(), defer && cuda::w4a16_gemv_norms_output(T, H, K, sh.group, false)) << what;
           EXPECT_EQ(out.scale.half.data != nullptr,
                     copy && !out.scale.empty() && cuda::w4a16_gemv_reads_f16_copy(T))

@@ -535,9 +535,10 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
 }
 
 void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out) {
-  // A W4A16 GEMV whose launch stages its input in shared memory gates it there (w4a16.cu).
+  // A W4A16 GEMV whose launch stages its input in shared memory gates a SiLU-gated input there
+  // (w4a16.cu); a sigmoid-gated one takes sigmoid_mul first (the default).
   const int T = static_cast<int>(a.dim(0)), K = static_cast<int>(a.dim(1));
-  const bool fused = w.quantized() && w.format == WeightFormat::kW4A16Tiled &&
+  const bool fused = act == GateAct::kSiluMul && w.quantized() && w.format == WeightFormat::kW4A16Tiled &&
                      cuda::w4a16_gemv_gates_input(T, static_cast<int>(w.rows), K, w.group_size);
   if (!fused) {
     Ops::gated_linear(a, b, act, w, out);
@@ -548,8 +549,7 @@ void CudaOps::gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& 
   expect_bf16(out, "gated_linear out");
   DS_ASSERT(b.numel() == a.numel() && out.numel() == int64_t(T) * w.rows, "gated_linear shapes a%s b%s out%s (N %lld)",
             a.shape_str().c_str(), b.shape_str().c_str(), out.shape_str().c_str(), static_cast<long long>(w.rows));
-  linear_w4a16(B(a), T, K, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)), B(b),
-               act == GateAct::kSiluMul ? cuda::GemvGate::kSiluMul : cuda::GemvGate::kMulSigmoid);
+  linear_w4a16(B(a), T, K, w, cuda::GemvOut::whole(B(out), static_cast<int>(w.rows)), B(b), cuda::GemvGate::kSiluMul);
 }
 
 void CudaOps::linear_swiglu(Tensor x, const LinearWeight& w, Tensor gate, Tensor up, Tensor out,
@@ -768,15 +768,16 @@ void CudaOps::linear_add_rms_norm(Tensor a, const Tensor* b, GateAct act, const 
                 ss.dim(1) == T && (!b || b->numel() == a.numel()),
             "linear_add_rms_norm shapes: x%s out%s norm%s sums%s", x.shape_str().c_str(), out.h.shape_str().c_str(),
             norm_w.shape_str().c_str(), ss.shape_str().c_str());
-  // A gated input (the ops contract's; the model's gated attention gates its own output): gated
-  // while the GEMV stages it where it can, else by its own kernel first (as gated_linear's default:
-  // at 5-8 tokens two inputs do not fit beside the rings).
+  // A gated input (the ops contract's; the model's gated attention gates its own output): a
+  // SiLU-gated one gated while the GEMV stages it where it can, else (and a sigmoid-gated one) by
+  // its own kernel first, as gated_linear's default (at 5-8 tokens two inputs do not fit beside
+  // the rings).
   Tensor in = a;
   const bf16* xb = nullptr;
   cuda::GemvGate gate = cuda::GemvGate::kNone;
-  if (b && cuda::w4a16_gemv_norms_output(T, D, K, w.group_size, true)) {
+  if (b && act == GateAct::kSiluMul && cuda::w4a16_gemv_norms_output(T, D, K, w.group_size, true)) {
     xb = B(*b);
-    gate = act == GateAct::kSiluMul ? cuda::GemvGate::kSiluMul : cuda::GemvGate::kMulSigmoid;
+    gate = cuda::GemvGate::kSiluMul;
   } else if (b) {
     in = gated_input(a, *b, act);
   }

@@ -267,8 +267,10 @@ void launch_w4a16_repack(const uint32_t* packed, const float* scales, uint32_t* 
                          bool paired, cudaStream_t s);
 int w4a16_gemv_splits(int T, int N, int K);
 // The input gate a W4A16 GEMV may apply while it stages its input: x_gated = silu(x) * xb
-// (kSiluMul) or x * sigmoid(xb) (kMulSigmoid), rounded to bf16 as launch_silu_mul/sigmoid_mul do.
-enum class GemvGate : int { kNone, kSiluMul, kMulSigmoid };
+// (kSiluMul: a down_proj whose gate and up are separate weights), rounded to bf16 as launch_silu_mul
+// does. (The attention's sigmoid gate is applied where its key splits are merged,
+// Ops::gated_attention; other sigmoid-gated inputs take sigmoid_mul first.)
+enum class GemvGate : int { kNone, kSiluMul };
 // Whether T tokens take one launch that can gate its input (the TMA GEMV, T <= 8 and within
 // w4a16_gemv_tokens, its inputs in shared memory).
 bool w4a16_gemv_gates_input(int T, int N, int K, int group);

@@ -16,8 +16,8 @@
 // a ring of one-unit stages when K is split and more tokens' inputs need the room) the block
 // first copies its inputs for its chunk range into shared memory, which every warp reads (beside
 // one-unit rings in two groups, so that warps start on their first stage before the rest lands),
-// and may gate them on the way (Gate: silu(x) * xb or x * sigmoid(xb), rounded to bf16 as the
-// separate kernels do, so the model's gated linears need no kernel of their own); otherwise each
+// and may gate them on the way (Gate: silu(x) * xb, rounded to bf16 as silu_mul rounds it, so a
+// down_proj of separate gate and up weights needs no kernel of its own); otherwise each
 // lane reads them through L1, a stage's before its wait at 4 or more tiles and in unsplit launches.
 //
 // F16 (one token tile, w4a16_gemv_f16): the inputs are fp16 x / 16, staged so in shared memory (by
@@ -334,13 +334,11 @@ inline size_t tma_x_smem_bytes(XSmemForm form, int T, int K, int splits, int uni
   return rings + (a8 ? tma_x8_bytes(T, K, splits) : tma_x_rows_bytes(T, K, splits));
 }
 
-// 8 gated inputs: silu(a) * b (GemvGate::kSiluMul) or a * sigmoid(b) (kMulSigmoid), in fp32,
-// rounded to bf16.
+// 8 gated inputs: silu(a) * b (GemvGate::kSiluMul), in fp32, rounded to bf16.
 template <GemvGate G>
 __device__ __forceinline__ uint4 gate8(uint4 a, uint4 b) {
-  return map_bf16x8(a, b, [](float fa, float fb) {
-    return G == GemvGate::kSiluMul ? swiglu_bf16(fa, fb) : to_bf16(fa * sigmoid_f(fb));
-  });
+  static_assert(G == GemvGate::kSiluMul, "the one input gate");
+  return map_bf16x8(a, b, [](float fa, float fb) { return swiglu_bf16(fa, fb); });
 }
 
 // XSmem: the block's inputs for chunks [c_begin, c_end) of every token into x_smem (bf16
@@ -868,7 +866,6 @@ void launch_tma_a8(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16
     }
   };
   if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{});
-  else if (gate == GemvGate::kMulSigmoid) go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{});
   else go(std::integral_constant<GemvGate, GemvGate::kNone>{});
 }
 
@@ -941,8 +938,6 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       auto gated = [&](auto f) {
         const std::false_type staged;  // not a copy
         if (gate == GemvGate::kSiluMul) go(std::integral_constant<GemvGate, GemvGate::kSiluMul>{}, f, staged);
-        else if (gate == GemvGate::kMulSigmoid)
-          go(std::integral_constant<GemvGate, GemvGate::kMulSigmoid>{}, f, staged);
         else go(std::integral_constant<GemvGate, GemvGate::kNone>{}, f, staged);
       };
       if (copy) go(std::integral_constant<GemvGate, GemvGate::kNone>{}, std::true_type{}, std::true_type{});
