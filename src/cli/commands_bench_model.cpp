@@ -72,7 +72,20 @@ void run(BenchModelArgs& a) {
   const bool int8_table = co.int8_vocab && mc.hidden_size % 128 == 0;
   const double table_bytes = (int8_table ? 1.0 + 4.0 / 128 : 2.0) * mc.vocab_size * mc.hidden_size;
   a.o.weight_bytes = double(ops.weight_bytes()) - (mc.tie_word_embeddings ? 0.0 : table_bytes);
-  ops.alloc_caches(model_bench_geometry(*model, a.o));
+  // The caches hold the largest decode pair's KV and the longest prefill: a clear stop where they
+  // do not fit (64 x 16k takes 64 GB of KV at the 27B's shape), not an allocation failure.
+  const CacheGeometry geometry = model_bench_geometry(*model, a.o);
+  const size_t need = ops.cache_bytes_for(geometry), free_bytes = cuda_free_bytes();
+  if (need > free_bytes) {
+    char msg[320];
+    std::snprintf(msg, sizeof msg,
+                  "bench model: the caches for these figures need %.1f GiB and %.1f GiB of GPU memory is free; "
+                  "lower --max-kv-tokens (now %d: batch x context pairs above it are skipped), --batches, "
+                  "--contexts or --prefill",
+                  need / double(1 << 30), free_bytes / double(1 << 30), a.o.max_decode_tokens);
+    cli_fail(msg);
+  }
+  ops.alloc_caches(geometry);
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
   if (a.profile) cuda_profiler_start();
   std::vector<BenchRow> rows = run_model_bench(*model, ops, a.o);

@@ -25,6 +25,12 @@ int cuda_device_count() {
 }
 
 void cuda_profiler_start() { cudaProfilerStart(); }
+
+size_t cuda_free_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return free_bytes;
+}
 }  // namespace ds
 
 namespace ds::cuda {
