@@ -194,9 +194,9 @@ class Ops {
   virtual void linear_parts(Tensor x, const LinearWeight& w, std::span<const Tensor> outs,
                             bool after_same_input = false, const RowScale& scale = {});
   // out act [T, N] = act(a, b) . W^T, act(a, b) = silu(a) * b (kSiluMul: the MLP's down_proj) or
-  // a * sigmoid(b) (kMulSigmoid); a, b act [T, K]. The default runs
-  // silu_mul or sigmoid_mul, then linear_weight; a may be overwritten. (CUDA gates a SiLU-gated
-  // input while its GEMV stages it in shared memory, where it can: once per block, not per warp.)
+  // a * sigmoid(b) (kMulSigmoid); a, b act [T, K]. The default runs silu_mul or sigmoid_mul, then
+  // linear_weight; a may be overwritten. (CUDA gates a SiLU-gated input while its GEMV stages it
+  // in shared memory, where it can: once per block, not per warp.)
   virtual void gated_linear(Tensor a, Tensor b, GateAct act, const LinearWeight& w, Tensor out);
   // out act [T, I] = silu(gate) * up, where gate and up act [T, I] are the two halves of x act
   // [T, K] . W^T for w [2I, K] (rows gate then up: the MLP's fused gate_up, WeightRole::kGateUp),
