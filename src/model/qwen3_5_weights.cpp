@@ -62,7 +62,8 @@ class CheckpointSource final : public WeightSource {
   Result<std::optional<LinearWeight>> published_int8(const std::string& name, int64_t rows, int64_t cols) override {
     const std::string module = module_of(name);
     if (!ck_.is_quantized(module) || !ops_.keeps_int8_vocab(cols)) return std::optional<LinearWeight>();
-    DS_ASSIGN_OR_RETURN(std::optional<PackedLinear> p, int8_rows_of(module, rows, cols));
+    DS_ASSIGN_OR_RETURN(const QuantScheme scheme, ck_.packed_scheme(module, rows, cols));
+    DS_ASSIGN_OR_RETURN(std::optional<PackedLinear> p, int8_rows_of(module, rows, cols, scheme));
     if (!p) return std::optional<LinearWeight>();  // read as any other
     HostLinear h;
     h.rows = rows;
@@ -117,10 +118,11 @@ class CheckpointSource final : public WeightSource {
     std::vector<float> dequantised;  // f32 [rows, cols]
   };
 
-  // The packed form of `module` where it is int8 rows the backend keeps (8 bits, groups of 128, no
-  // g_idx: Ops::keeps_int8_rows), else std::nullopt; other forms' words are not read.
-  Result<std::optional<PackedLinear>> int8_rows_of(const std::string& module, int64_t rows, int64_t cols) {
-    DS_ASSIGN_OR_RETURN(const QuantScheme scheme, ck_.packed_scheme(module, rows, cols));
+  // The packed form of `module` (of `scheme`, Checkpoint::packed_scheme) where it is int8 rows the
+  // backend keeps (8 bits, groups of 128, no g_idx: Ops::keeps_int8_rows), else std::nullopt;
+  // other forms' words are not read.
+  Result<std::optional<PackedLinear>> int8_rows_of(const std::string& module, int64_t rows, int64_t cols,
+                                                   const QuantScheme& scheme) {
     if (scheme.bits != 8 || scheme.group_size != 128 || !ops_.keeps_int8_rows(cols))
       return std::optional<PackedLinear>();
     DS_ASSIGN_OR_RETURN(PackedLinear p, ck_.read_packed(module, rows, cols));
@@ -140,7 +142,7 @@ class CheckpointSource final : public WeightSource {
     DS_ASSIGN_OR_RETURN(const QuantScheme scheme, ck_.packed_scheme(module, rows, cols));
     h.bits = scheme.bits;
     if (int8_rows) {
-      DS_ASSIGN_OR_RETURN(h.packed, int8_rows_of(module, rows, cols));
+      DS_ASSIGN_OR_RETURN(h.packed, int8_rows_of(module, rows, cols, scheme));
       if (h.packed) return h;
     }
     if (ops_.supports_w4a16() && scheme.bits == 4) {

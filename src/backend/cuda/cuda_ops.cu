@@ -499,23 +499,15 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
                            const RowScale& scale) {
   // Tiled W4A16 and int8 rows cannot be cut into row views: one GEMV writes every part. Small
   // dense weights (GDN b + a at decode) take one small-GEMV launch; other dense ones, and single
-  // parts, the default (row views).
+  // parts, the default (row views; a single part of any form through linear_weight).
   const int T = static_cast<int>(x.dim(0)), K = static_cast<int>(x.dim(1));
   const bool int8 = w.quantized() && w.format == WeightFormat::kInt8Tiled;
-  if (int8 && outs.size() <= size_t(cuda::kGemvMaxParts)) {
-    check_parts(x, w, outs);
-    expect_bf16(x, "linear_parts x");
-    cuda::GemvOut o = gemv_out_of(outs, "linear_parts out");
-    o.norm = norm_scale_of(scale, K);
-    linear_int8(B(x), T, K, w, o);
-    return;
-  }
   const bool tiled = w.quantized() && w.format == WeightFormat::kW4A16Tiled;
   const bool small = !w.quantized() && cuda::small_gemv_supported(x.data, w.dense.data, T,
                                                                   static_cast<int>(w.dense.dim(0)), K);
   DS_ASSERT(!w.paired || (outs.size() == 2 && outs[0].dim(1) == outs[1].dim(1)),
             "a paired W4A16 weight (gate_up) is read as its two halves, not %zu parts", outs.size());
-  if (outs.size() == 1 || outs.size() > size_t(cuda::kGemvMaxParts) || !(tiled || small)) {
+  if (outs.size() == 1 || outs.size() > size_t(cuda::kGemvMaxParts) || !(int8 || tiled || small)) {
     Ops::linear_parts(x, w, outs, after_same_input, scale);
     return;
   }
@@ -523,7 +515,9 @@ void CudaOps::linear_parts(Tensor x, const LinearWeight& w, std::span<const Tens
   expect_bf16(x, "linear_parts x");
   cuda::GemvOut o = gemv_out_of(outs, "linear_parts out");
   o.norm = norm_scale_of(scale, K);
-  if (tiled && w.paired && w4a16_takes_gemv(T)) {
+  if (int8) {
+    linear_int8(B(x), T, K, w, o);
+  } else if (tiled && w.paired && w4a16_takes_gemv(T)) {
     linear_w4a16_paired_rows(B(x), T, K, w, o.ptr[0], o.ptr[1], false, scale);
   } else if (tiled) {
     linear_w4a16(B(x), T, K, w, o, nullptr, cuda::GemvGate::kNone, scale.twin, scale.half);
