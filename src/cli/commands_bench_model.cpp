@@ -1,5 +1,6 @@
 // `bench model`: decode / verify / prefill step times of a checkpoint or of random weights of a
 // configuration's exact shapes (--synthetic), beside rooflines measured in the same run.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -43,26 +44,35 @@ void run(BenchModelArgs& a) {
   DS_LOG_INFO("bench", "measured ceilings: copy %.0f GB/s, bf16 GEMM %.0f TFLOP/s", roof.copy_gbps, roof.bf16_tflops);
 
   if (a.lm_head_dtype != "int8" && a.lm_head_dtype != "bf16") cli_fail("--lm-head-dtype is bf16 or int8");
-  CudaOpsOptions co;
-  co.scratch_bytes = size_t(6) << 30;
-  co.int8_vocab = a.lm_head_dtype == "int8";
-  CudaOps ops(co);
-  auto a8 = parse_act_int8_layers(a.w4a8);
-  if (!a8.ok()) cli_fail(a8.status().message());
   std::unique_ptr<Checkpoint> ck;
-  std::unique_ptr<Qwen35Model> model;
+  ModelConfig config;
   if (a.synthetic) {
     if (a.config.empty()) cli_fail("--synthetic needs --config FILE");
     auto cfg = load_model_config(a.config);
     if (!cfg.ok()) cli_fail(cfg.status().message());
-    auto m = Qwen35Model::synthetic(cfg.value(), ops, /*with_mtp=*/false, a.w4a16, 1, a8.value());
-    if (!m.ok()) cli_fail(m.status().message());
-    model = std::move(m.value());
+    config = cfg.value();
   } else {
     auto c = Checkpoint::open(a.model_dir);
     if (!c.ok()) cli_fail(c.status().message());
     ck = std::move(c.value());
-    auto m = Qwen35Model::load(*ck, ops, a8.value());
+    config = ck->config();
+  }
+  // The step scratch arena as serve sizes it (step_scratch_bytes), for the largest step here: a
+  // bound too small for these figures stops them.
+  int step_tokens = 1, logit_rows = 1;
+  for (int b : a.o.decode_batches) step_tokens = std::max(step_tokens, b), logit_rows = std::max(logit_rows, b);
+  for (int v : a.o.verify_tokens) step_tokens = std::max(step_tokens, v), logit_rows = std::max(logit_rows, v);
+  for (int n : a.o.prefill_lengths) step_tokens = std::max(step_tokens, std::min(n, a.o.prefill_chunk));
+  CudaOpsOptions co;
+  co.scratch_bytes = step_scratch_bytes(config, step_tokens, logit_rows);
+  co.int8_vocab = a.lm_head_dtype == "int8";
+  CudaOps ops(co);
+  auto a8 = parse_act_int8_layers(a.w4a8);
+  if (!a8.ok()) cli_fail(a8.status().message());
+  std::unique_ptr<Qwen35Model> model;
+  {
+    auto m = a.synthetic ? Qwen35Model::synthetic(config, ops, /*with_mtp=*/false, a.w4a16, 1, a8.value())
+                         : Qwen35Model::load(*ck, ops, a8.value());
     if (!m.ok()) cli_fail(m.status().message());
     model = std::move(m.value());
   }
@@ -89,7 +99,8 @@ void run(BenchModelArgs& a) {
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
   if (a.profile) cuda_profiler_start();
   std::vector<BenchRow> rows = run_model_bench(*model, ops, a.o);
-
+  DS_LOG_INFO("bench", "step scratch: peak %.1f MiB of the %.1f MiB step_scratch_bytes gives %d tokens, %d logit rows",
+              ops.scratch_peak() / 1048576.0, co.scratch_bytes / 1048576.0, step_tokens, logit_rows);
   std::printf("# ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s; weights %s, %.2f GB on the GPU, %.2f GB read per "
               "decode step; W4A8 layers: %s\n",
               roof.copy_gbps, roof.bf16_tflops,

@@ -1,4 +1,5 @@
 // `logits` and `generate`: load a checkpoint folder, run the model on given token ids.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -49,12 +50,13 @@ struct Loaded {
   std::unique_ptr<Runner> runner;
 };
 
-Loaded load(const ModelArgs& a, int context) {
+// step_tokens: the largest step's tokens, logit_rows its logit rows (they size the step scratch).
+Loaded load(const ModelArgs& a, int context, int step_tokens, int logit_rows) {
   Loaded l;
   auto ck = Checkpoint::open(a.model_dir);
   if (!ck.ok()) cli_fail(ck.status().message());
   l.ck = std::move(ck.value());
-  auto ops = make_backend(a.device);
+  auto ops = make_backend(a.device, step_scratch_bytes(l.ck->config(), step_tokens, logit_rows));
   if (!ops.ok()) cli_fail(ops.status().message());
   l.ops = std::move(ops.value());
   auto model = Qwen35Model::load(*l.ck, *l.ops);
@@ -71,7 +73,8 @@ Loaded load(const ModelArgs& a, int context) {
 void run_logits(const ModelArgs& a, const std::string& out_path) {
   std::vector<int32_t> ids = cli_parse_ids(a.ids_text);
   if (ids.empty()) cli_fail("--ids: no token ids given");
-  Loaded l = load(a, static_cast<int>(ids.size()));
+  const int n = static_cast<int>(ids.size()), step = a.chunk > 0 ? std::min(a.chunk, n) : n;
+  Loaded l = load(a, n, step, step);  // every position's logits
   const int V = l.model->config().vocab_size;
   for (int32_t id : ids)
     if (id >= V) cli_fail("--ids: token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
@@ -79,7 +82,6 @@ void run_logits(const ModelArgs& a, const std::string& out_path) {
   seq.tokens = ids;
   if (Status s = l.runner->admit(seq); !s.ok()) cli_fail(s.message());
   std::vector<float> logits;
-  const int n = static_cast<int>(ids.size());
   while (seq.n_cached < n) {
     const int take = a.chunk > 0 ? std::min(a.chunk, n - seq.n_cached) : n - seq.n_cached;
     auto r = l.runner->step({SeqWork{&seq, take, true}});
@@ -94,7 +96,8 @@ void run_generate(const ModelArgs& a, int max_tokens, bool ignore_eos) {
   std::vector<int32_t> ids = cli_parse_ids(a.ids_text);
   if (ids.empty()) cli_fail("--ids: no token ids given");
   if (max_tokens < 0) cli_fail("--max-tokens must be >= 0");
-  Loaded l = load(a, static_cast<int>(ids.size()) + max_tokens);
+  const int n = static_cast<int>(ids.size());
+  Loaded l = load(a, n + max_tokens, a.chunk > 0 ? std::min(a.chunk, n) : n, 1);
   std::vector<int> stops = ignore_eos ? std::vector<int>{} : l.model->config().eos_token_ids;
   auto t0 = std::chrono::steady_clock::now();
   auto r = l.runner->generate_greedy(ids, max_tokens, a.chunk, stops);

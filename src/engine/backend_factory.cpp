@@ -1,6 +1,7 @@
 // make_backend: --device name -> backend instance.
 #include "engine/backend_factory.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -23,7 +24,7 @@ int gpu_count() {
 }
 }  // namespace
 
-Result<std::unique_ptr<Ops>> make_backend(const std::string& device) {
+Result<std::unique_ptr<Ops>> make_backend(const std::string& device, size_t step_scratch) {
   if (device == "cpu") return std::unique_ptr<Ops>(new CpuOps());
   if (device != "cuda" && device != "auto")
     return invalid_argument("unknown --device '" + device + "' (expected cpu, cuda or auto)");
@@ -38,6 +39,7 @@ Result<std::unique_ptr<Ops>> make_backend(const std::string& device) {
   if (head && std::string(head) != "int8" && std::string(head) != "bf16")
     return invalid_argument("DS_LM_HEAD_DTYPE is bf16 or int8, not '" + std::string(head) + "'");
   options.int8_vocab = !head || std::string(head) == "int8";
+  options.scratch_bytes = std::max(options.scratch_bytes, step_scratch);
   DS_LOG_INFO("backend", "using the CUDA backend (%s embedding table and lm_head)", options.int8_vocab ? "int8" : "bf16");
   return std::unique_ptr<Ops>(new CudaOps(options));
 #else

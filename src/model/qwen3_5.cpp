@@ -2,11 +2,40 @@
 // the name HF's module uses, so it can be dumped and compared layer by layer.
 #include "model/qwen3_5.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/log.h"
 
 namespace ds {
+
+size_t step_scratch_bytes(const ModelConfig& c, int64_t tokens, int64_t logit_rows) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, C = c.conv_dim();
+  const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads, dv = c.linear_value_head_dim;
+  const int64_t nH = c.num_attention_heads, nKV = c.num_key_value_heads, hd = c.head_dim;
+  // Elements (bf16; f32 as two) a token holds while a layer runs: the residual stream, the two
+  // input norms and the post-attention one (forward, decoder_layer); the mixer's intermediates,
+  // live until the layer ends; then the larger of the mixer op's own (the GDN's conv output,
+  // gates and chunk matrices) and the MLP's (gate, up, the gated product, gate_up's paired rows).
+  const int64_t stream = 4 * H;
+  const int64_t gdn = C + 2 * Hv * dv + 2 * Hv, gdn_op = C + 4 * Hv + 2 * 64 * Hv + 4 * Hk;
+  const int64_t attn = 5 * nH * hd + 2 * nKV * hd;
+  const int64_t mlp = 5 * I;
+  const int64_t per_token = stream + std::max(gdn + std::max(gdn_op, mlp), attn + mlp);
+  // Steps of up to 8 tokens also take fp16 copies and int8 twins of the norms and the mixers'
+  // and the MLP's outputs.
+  const int64_t small = std::min<int64_t>(tokens, 8) * (5 * H + I + std::max(Hv * dv, nH * hd));
+  // A row of logits, the sampler's f32 rows and the gathered hidden.
+  const int64_t per_row = int64_t(c.vocab_size) * (1 + 2 + 2) + H;
+  // A GEMV's split-K partial sums: f32 [splits, tokens, N], up to 8 splits of gate_up's 2I rows,
+  // in slices of at most 64 tokens.
+  const int64_t partials = 2 * 8 * std::min<int64_t>(tokens, 64) * 2 * I;
+  // What backends hand out by the block from what is free (a weight dequantised in blocks of
+  // rows takes a quarter of it, 128 rows at least), and 16 MiB for the small rest.
+  const int64_t widest_k = std::max({H, I, Hv * dv, nH * hd});
+  const int64_t blocks = 4 * 128 * widest_k * 2 + (int64_t(16) << 20);
+  return size_t(2 * (tokens * per_token + small + logit_rows * per_row + partials) + blocks);
+}
 
 Result<std::unique_ptr<Qwen35Model>> Qwen35Model::load(const Checkpoint& ck, Ops& ops, ActInt8Layers a8) {
   DS_ASSIGN_OR_RETURN(ModelWeights w, load_weights(ck, ops, a8));

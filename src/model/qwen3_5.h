@@ -110,6 +110,15 @@ Result<ModelWeights> load_weights(const Checkpoint& ck, Ops& ops, ActInt8Layers 
 Result<ModelWeights> synthetic_weights(const ModelConfig& config, Ops& ops, bool with_mtp, bool w4a16, uint64_t seed,
                                        ActInt8Layers a8 = {});
 
+// A bound on the step scratch (Ops::scratch) one forward of `tokens` tokens with `logit_rows`
+// logit rows takes, sampling included: what every token's activations hold at the widest point
+// of a layer (the residual stream, two input norms and their copies, the mixer's intermediates,
+// still live while the MLP's run), counted in bf16 with f32 ones as two, plus the logits, the
+// sampler's f32 rows, a GEMV's split-K partial sums, and room for what backends hand out by the
+// block from what is free. A backend whose arena is fixed at start (CUDA) is sized with this for
+// its largest step; bench model sizes its own so, and stops where a step finds it too small.
+size_t step_scratch_bytes(const ModelConfig& c, int64_t tokens, int64_t logit_rows);
+
 class Qwen35Model {
  public:
   static Result<std::unique_ptr<Qwen35Model>> load(const Checkpoint& ck, Ops& ops, ActInt8Layers a8 = {});

@@ -1,6 +1,7 @@
 // ServedModel loading: pool sizing, EOS ids from every source, generation_config defaults.
 #include "server/served_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,12 @@ namespace ds::server {
 using json = nlohmann::json;
 
 namespace {
+
+// The step scratch of the engine's largest step: max_step_tokens tokens (a step of decodes only
+// may hold max_num_seqs), a logit row a sequence.
+size_t largest_step_scratch(const ServeOptions& o, const ModelConfig& cfg) {
+  return step_scratch_bytes(cfg, std::max(o.max_step_tokens, o.max_num_seqs), o.max_num_seqs);
+}
 
 // A byte-level BPE tokenizer with no merges for a synthetic model of `vocab` ids: the 256 byte
 // tokens, then "<tN>" for every other id, so generated ids have a readable text.
@@ -67,7 +74,7 @@ Status load_folder(const ServeOptions& o, ServedModel& m, std::vector<int32_t>& 
   }
 
   DS_ASSIGN_OR_RETURN(m.ck, Checkpoint::open(o.model_dir));
-  DS_ASSIGN_OR_RETURN(m.ops, make_backend(o.device));
+  DS_ASSIGN_OR_RETURN(m.ops, make_backend(o.device, largest_step_scratch(o, m.ck->config())));
   DS_ASSIGN_OR_RETURN(ActInt8Layers a8, parse_act_int8_layers(o.w4a8));
   DS_ASSIGN_OR_RETURN(m.model, Qwen35Model::load(*m.ck, *m.ops, a8));
   const ModelConfig& cfg = m.model->config();
@@ -118,7 +125,7 @@ Result<std::unique_ptr<ServedModel>> ServedModel::load(const ServeOptions& o) {
     DS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(o.synthetic_config));
     if (o.served_model_name.empty()) m->name = "synthetic-" + fs::path(o.synthetic_config).stem().string();
     DS_ASSIGN_OR_RETURN(m->tokenizer, synthetic_tokenizer(cfg.vocab_size));
-    DS_ASSIGN_OR_RETURN(m->ops, make_backend(o.device));
+    DS_ASSIGN_OR_RETURN(m->ops, make_backend(o.device, largest_step_scratch(o, cfg)));
     DS_ASSIGN_OR_RETURN(ActInt8Layers a8, parse_act_int8_layers(o.w4a8));
     DS_ASSIGN_OR_RETURN(m->model, Qwen35Model::synthetic(cfg, *m->ops, /*with_mtp=*/false, o.synthetic_w4a16, 1, a8));
     eos.assign(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());

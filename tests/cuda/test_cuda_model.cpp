@@ -1,10 +1,12 @@
 // The CUDA backend end to end on every fixture: logits against transformers' fp32 reference
 // within bf16 tolerance, greedy continuations equal where the reference margin is clear of
 // bf16 noise, chunked prefill against one-piece prefill, programmatic dependent launch against
-// none, W4A8 end to end, vocabulary tables published quantized, and the MTP head (bf16, and int8
-// rows as the seed publishes it). Skipped where there is no GPU.
+// none, W4A8 end to end, vocabulary tables published quantized, the MTP head (bf16, and int8
+// rows as the seed publishes it), and the step scratch bound (step_scratch_bytes) at the 27B's
+// widths. Skipped where there is no GPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -304,6 +306,60 @@ TEST(CudaDemoModel, Int8VocabWithinBf16OfCpuTwin) {
   std::cout << "[figure] demo int8 vocab rel_rms vs CPU twin " << err << " cpu_bf16_baseline_rel_rms " << ref.base
             << "\n";
   EXPECT_LE(err, 1.5 * ref.base + 1e-3);
+}
+
+// step_scratch_bytes sizes the step scratch for the largest step (serve's arena): a model of the
+// 27B's widths (3 GDN layers, 1 attention, a small vocabulary, W4A16), its arena exactly that
+// bound for 2,048 tokens and 64 logit rows, takes a step of 64 new 16-token prompts (1,024 tokens,
+// 64 rows) and one of a 2,048-token prompt. Too small an arena stops the process (DS_FATAL).
+TEST(CudaModelScratch, StepScratchBytesHoldsTheLargestStep) {
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  ModelConfig c;
+  c.model_type = "qwen3_5_text";
+  c.vocab_size = 4096;
+  c.hidden_size = 5120;
+  c.intermediate_size = 17408;
+  c.layer_types = {LayerType::kLinearAttention, LayerType::kLinearAttention, LayerType::kLinearAttention,
+                   LayerType::kFullAttention};
+  c.num_hidden_layers = static_cast<int>(c.layer_types.size());
+  c.num_attention_heads = 24;
+  c.num_key_value_heads = 4;
+  c.head_dim = 256;
+  c.rope_theta = 1e7;
+  c.partial_rotary_factor = 0.25f;
+  c.rotary_dim = 64;
+  c.linear_num_key_heads = 16;
+  c.linear_num_value_heads = 48;
+  c.linear_key_head_dim = 128;
+  c.linear_value_head_dim = 128;
+  c.max_position_embeddings = 4096;
+  constexpr int kLong = 2048, kSeqs = 64, kPrompt = 16;
+  CudaOpsOptions o;
+  o.scratch_bytes = step_scratch_bytes(c, kLong, kSeqs);
+  CudaOps ops(o);
+  auto m = Qwen35Model::synthetic(c, ops, /*with_mtp=*/false, /*w4a16=*/true, 7);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  Runner runner(*m.value(), ops, RunnerOptions{256, 16, kSeqs + 1});
+  std::vector<Sequence> seqs(kSeqs);
+  std::vector<SeqWork> work;
+  for (int i = 0; i < kSeqs; ++i) {
+    for (int t = 0; t < kPrompt; ++t) seqs[i].tokens.push_back((i * 31 + t * 7) % c.vocab_size);
+    ASSERT_TRUE(runner.admit(seqs[i]).ok());
+    work.push_back(SeqWork{&seqs[i], kPrompt, true});
+  }
+  auto r = runner.step(work);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r.value().size(), size_t(kSeqs));
+  for (Sequence& s : seqs) runner.release(s);
+  Sequence longest;
+  for (int t = 0; t < kLong; ++t) longest.tokens.push_back((t * 13) % c.vocab_size);
+  ASSERT_TRUE(runner.admit(longest).ok());
+  r = runner.step({SeqWork{&longest, kLong, true}});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  for (float v : r.value()[0]) ASSERT_TRUE(std::isfinite(v));
+  std::cout << "[figure] step scratch peak " << ops.scratch_peak() / 1048576.0 << " MiB of step_scratch_bytes "
+            << o.scratch_bytes / 1048576.0 << " MiB\n";
+  EXPECT_LE(ops.scratch_peak(), o.scratch_bytes);
 }
 
 }  // namespace

@@ -213,10 +213,19 @@ Tensor CudaOps::scratch(DType dtype, std::initializer_list<int64_t> shape) {
   Tensor t(nullptr, dtype, shape);
   const size_t bytes = (t.nbytes() + 255) & ~size_t(255);
   if (scratch_used_ + bytes > options_.scratch_bytes)
-    DS_FATAL("step scratch of %zu bytes exhausted (asked %zu more); raise CudaOpsOptions::scratch_bytes",
+    DS_FATAL("step scratch of %zu bytes exhausted (asked %zu more); size CudaOpsOptions::scratch_bytes with "
+             "step_scratch_bytes for the largest step",
              options_.scratch_bytes, bytes);
   t.data = impl_->scratch + scratch_used_;
   scratch_used_ += bytes;
+  scratch_peak_ = std::max(scratch_peak_, scratch_used_);
+  return t;
+}
+
+Tensor CudaOps::scratch_from_free(DType dtype, std::initializer_list<int64_t> shape) {
+  const size_t peak = std::max(scratch_peak_, scratch_used_);
+  Tensor t = scratch(dtype, shape);
+  scratch_peak_ = peak;
   return t;
 }
 
@@ -636,7 +645,7 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
     DS_ASSERT(!out.swiglu && (!w.paired || (out.n_parts == 2 && out.rows[0] == out.rows[1])),
               "the cuBLAS path of a paired W4A16 weight writes its two halves");
     const int rows = dequant_block_rows(N, K);
-    Tensor dense = scratch(DType::kBF16, {rows, K});
+    Tensor dense = scratch_from_free(DType::kBF16, {rows, K});
     const int64_t block_words = w.packed.dim(1);  // rows is a multiple of 16
     for (int r0 = 0; r0 < N; r0 += rows) {
       const int n = std::min(rows, N - r0);
@@ -691,7 +700,7 @@ void CudaOps::linear_int8(const void* x_bf16, int T, int K, const LinearWeight& 
   } else {
     // Blocks of rows dequantised to bf16 (within a quarter of the free scratch) for cuBLAS.
     const int block = dequant_block_rows(N, K);
-    Tensor dense = scratch(DType::kBF16, {block, K});
+    Tensor dense = scratch_from_free(DType::kBF16, {block, K});
     for (int r0 = 0; r0 < N; r0 += block) {
       const int n = std::min(block, N - r0);
       cuda::launch_int8_dequant_rows(q, F(w.scales), B(dense), r0, n, K, impl_->stream);
@@ -1116,7 +1125,8 @@ bool CudaOps::attend(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Te
     const size_t mark = scratch_mark();
     const int n_splits = cuda::attention_prefill_splits(plan_.n_seqs() - n_short, T, nH, hd, max_ctx_, 1,
                                                         kPrefillSplitKeys, 2, budget);
-    float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
+    float* partial =
+        n_splits > 1 ? F(scratch_from_free(DType::kF32, {int64_t(T) * nH * n_splits, hd + 2})) : nullptr;
     cuda::launch_attention_prefill(B(q), kc, vc, nullptr, nullptr, B(out), partial, n_splits, impl_->seq_of_token,
                                    impl_->cu_seqlens, impl_->n_past, impl_->block_tables, table_width_, T,
                                    plan_.n_seqs(), kDecodeChunk, INT_MAX, 1, nH, nKV, hd, geo_.block_size, scale,
@@ -1132,7 +1142,8 @@ bool CudaOps::attend(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Te
     const int least = warps ? kWarpsSplitKeys : split_max_chunk > 2 ? kVerifySplitKeys : kDecodeSplitKeys;
     const int n_splits = cuda::attention_prefill_splits(n_short, t_end, nH, hd, split_ctx, pack, least,
                                                         warps ? 1 : 2, budget);
-    float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(t_end) * nH * n_splits, hd + 2})) : nullptr;
+    float* partial =
+        n_splits > 1 ? F(scratch_from_free(DType::kF32, {int64_t(t_end) * nH * n_splits, hd + 2})) : nullptr;
     // The gate where the merge of the splits writes every row: no prefill rows beside.
     cuda::AttnGate attn_gate;
     const bool gated = gate && !prefill && n_splits > 1;
@@ -1150,7 +1161,8 @@ bool CudaOps::attend(Tensor q, Tensor k, Tensor v, int kv_layer, float scale, Te
   const int n_rows = t_end - t_begin;
   const int row_groups = cuda::attention_row_groups(split_max_chunk, nH, nKV);
   const int n_splits = cuda::attention_splits(plan_.n_seqs(), row_groups, nH, nKV, hd, n_rows, split_ctx, budget);
-  float* partial = n_splits > 1 ? F(scratch(DType::kF32, {int64_t(n_rows) * nH * n_splits, hd + 2})) : nullptr;
+  float* partial =
+      n_splits > 1 ? F(scratch_from_free(DType::kF32, {int64_t(n_rows) * nH * n_splits, hd + 2})) : nullptr;
   cuda::launch_attention(B(q), kc, vc, B(out), partial, n_splits, row_groups, split_ctx, impl_->seq_of_token,
                          impl_->cu_seqlens, impl_->n_past, impl_->block_tables, table_width_, t_begin, t_end,
                          plan_.n_seqs(), split_max_chunk, nH, nKV, hd, geo_.block_size, scale, impl_->stream);

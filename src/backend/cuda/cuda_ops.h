@@ -23,7 +23,7 @@ enum class StateDType { kF32, kF16, kBF16 };
 
 struct CudaOpsOptions {
   int device = 0;
-  size_t scratch_bytes = size_t(256) << 20;  // per-step arena
+  size_t scratch_bytes = size_t(256) << 20;  // per-step arena (step_scratch_bytes sizes it for a model)
   StateDType state_dtype = StateDType::kF16;
   // Embedding table and lm_head stored as int8 group-128 (dequant-on-gather embedding, int8
   // lm_head GEMV), quantised at load from bf16; off keeps them bf16 (--lm-head-dtype bf16).
@@ -47,6 +47,10 @@ class CudaOps final : public Ops {
   void reset_scratch() override { scratch_used_ = 0; }
   size_t scratch_mark() const override { return scratch_used_; }
   void scratch_release(size_t mark) override { scratch_used_ = mark; }
+  // The most step scratch taken at once since the backend was made, less what was sized from
+  // what was free (scratch_from_free), and the arena's size.
+  size_t scratch_peak() const { return scratch_peak_; }
+  size_t scratch_capacity() const { return options_.scratch_bytes; }
   void synchronize() override;
   void download_f32(Tensor src, float* host) override;
   void alloc_caches(const CacheGeometry& geometry) override;
@@ -130,6 +134,10 @@ class CudaOps final : public Ops {
   size_t cache_bytes() const { return cache_bytes_; }
 
  private:
+  // Step scratch whose size was chosen from what is free (blocks of dequantised rows, attention
+  // partials sized from a budget): scratch_peak leaves it out, since it would take less if less
+  // were free.
+  Tensor scratch_from_free(DType dtype, std::initializer_list<int64_t> shape);
   // out[:, :N] (row stride ldc) = x bf16 [T, K] . w bf16 [N, K]^T with cuBLAS
   void gemm(const void* x, const void* w, void* out, int T, int N, int K, int ldc);
   void free_weight(Tensor t);  // a weight replaced by its prepared form
@@ -198,7 +206,7 @@ class CudaOps final : public Ops {
                                    // for graph steps, the whole block-table width
   int table_width_ = 0;            // block-table row width on the device (padded for graph steps)
   bool graph_step_ = false;        // the current step may run as a recorded graph
-  size_t scratch_used_ = 0;
+  size_t scratch_used_ = 0, scratch_peak_ = 0;
   size_t weight_bytes_ = 0, cache_bytes_ = 0;
 };
 
