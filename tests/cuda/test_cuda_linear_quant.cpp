@@ -1,4 +1,4 @@
-// Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 128, with and without
+// Quantized CUDA linears against their CPU twins: the W4A16 GEMV (T <= 256, with and without
 // programmatic dependent launch) and the dequantise + cuBLAS path (whole and in blocks of rows)
 // on weights repacked by prepare_weight (signed scales, N not a multiple of 16, groups 64 to 512,
 // K ending on a short unit, and group 32, which is stored dequantised); gated linears (the input
@@ -170,8 +170,8 @@ HostTwin download_twin(const Int8Twin& twin) {
 }
 
 // Every token count the GEMV takes (one launch, NT 1/2/4, 32-token slices, 8-token slices, and
-// 64 tokens per launch, NT 8), with and without programmatic dependent launch, then the
-// dequantise + cuBLAS path once (T 200).
+// 64 tokens per launch, NT 8, up to w4a16_gemv_step_tokens: 200 in slices), with and without
+// programmatic dependent launch, then the dequantise + cuBLAS path once (T 300).
 struct GemvRun {
   bool pdl;
   int per_launch;
@@ -184,6 +184,7 @@ std::vector<GemvRun> launches_and_tokens() {
   for (int T : {9, 20}) v.push_back({true, 8, T});
   for (int T : {33, 64, 100}) v.push_back({true, 64, T});  // NT 8
   v.push_back({true, 32, 200});
+  v.push_back({true, 64, 300});
   return v;
 }
 
@@ -229,7 +230,8 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
                                   : kernel == 2 ? " regs"
                                                 : " tma, bf16 inputs");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
-        if (c.gpu_w.quantized() && T <= 128) {  // the GEMV is deterministic (split-K sums in a fixed order)
+        // The GEMV is deterministic (split-K sums in a fixed order).
+        if (c.gpu_w.quantized() && T <= cuda::w4a16_gemv_step_tokens()) {
           gpu->linear_quantized(xg, c.gpu_w, og);
           EXPECT_EQ(download(og), got) << what << " repeated";
         }
@@ -491,7 +493,7 @@ TEST_F(CudaLinearQuantTest, W4A16PartsMatchCpu) {
     const int K = 256;
     W4Case c = make_w4(*gpu, rng, N, K, 128);
     Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
-    for (int T : {1, 9, 40, 200}) {
+    for (int T : {1, 9, 40, 200, 300}) {  // 200 in GEMV slices, 300 by dequantise + cuBLAS
       std::vector<float> x = random_bf16(size_t(T) * K, rng);
       Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
       Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
@@ -535,7 +537,7 @@ TEST_F(CudaLinearQuantTest, W4A16SwigluMatchesCpu) {
     EXPECT_EQ(c.gpu_w.paired, sh.paired) << "N " << N;
     LinearWeight w_cpu;
     w_cpu.dense = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
-    for (int T : {1, 3, 8, 9, 40, 64, 200}) {
+    for (int T : {1, 3, 8, 9, 40, 64, 200, 300}) {
       const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T);
       const std::vector<float> x = random_bf16(size_t(T) * K, rng);
       Tensor oc = cpu.scratch(DType::kF32, {T, I});
@@ -808,7 +810,7 @@ TEST_F(CudaLinearQuantTest, W4A16DequantInRowBlocks) {
   o.scratch_bytes = size_t(2) << 20;
   CudaOps small(o);
   const std::vector<int> widths = {300, 77, 623};
-  const int N = 1000, K = 2048, T = 200;  // T > the GEMV's step limit: the cuBLAS path
+  const int N = 1000, K = 2048, T = cuda::w4a16_gemv_step_tokens() + 8;  // past the GEMV's steps: cuBLAS
   W4Case c = make_w4(small, rng, N, K, 128);
   Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
   std::vector<float> x = random_bf16(size_t(T) * K, rng);

@@ -215,7 +215,7 @@ void set_w4a16_l2_weights(bool on);
 bool w4a16_gemv_wide();
 void set_w4a16_gemv_wide(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
-// env DS_W4A16_GEMV_STEP_TOKENS (default 128).
+// env DS_W4A16_GEMV_STEP_TOKENS (default 256).
 int w4a16_gemv_step_tokens();
 
 // A read-only streaming probe (stream_probe.cu): GB/s read from a buffer of `megabytes` by

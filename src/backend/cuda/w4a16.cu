@@ -342,10 +342,14 @@ auto with_kernel(int T, F&& f) {
 
 }  // namespace
 
+// 256: steps of 160-256 tokens in 64-token slices take 47.8, 51.5, 63.3 and 66.7 ms at 160, 192,
+// 224 and 256 tokens against 79.8-85.2 by dequantise + cuBLAS in an arena of step_scratch_bytes,
+// whose blocks of rows are smaller than a 6 GiB arena's (61.5 ms at 192 and 256 there: 27B shape,
+// H100, docs/perf/2026-12-05-s61-cuda-27b.md). 128 tokens: 35-36 ms either way.
 int w4a16_gemv_step_tokens() {
   static const int n = [] {
     const char* env = std::getenv("DS_W4A16_GEMV_STEP_TOKENS");
-    return std::max(0, env ? std::atoi(env) : 128);
+    return std::max(0, env ? std::atoi(env) : 256);
   }();
   return n;
 }
