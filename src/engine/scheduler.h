@@ -24,7 +24,7 @@ struct SchedSeq {
 
 struct SchedulerOptions {
   int max_num_seqs = 64;        // running sequences at once (<= the pool's state slots)
-  int max_step_tokens = 256;    // token budget of one step: decodes + prefill chunks
+  int max_step_tokens = 1024;   // token budget of one step: decodes + prefill chunks
 };
 
 struct ScheduleOutput {
