@@ -25,7 +25,7 @@ size_t step_scratch_bytes(const ModelConfig& c, int64_t tokens, int64_t logit_ro
   // Steps of up to 8 tokens also take fp16 copies and int8 twins of the norms and the mixers'
   // and the MLP's outputs.
   const int64_t small = std::min<int64_t>(tokens, 8) * (5 * H + I + std::max(Hv * dv, nH * hd));
-  // A row of logits, the sampler's f32 rows and the gathered hidden.
+  // A row's logits (bf16), up to two f32 rows of the sampler's, and its gathered hidden.
   const int64_t per_row = int64_t(c.vocab_size) * (1 + 2 + 2) + H;
   // A GEMV's split-K partial sums: f32 [splits, tokens, N], up to 8 splits of gate_up's 2I rows,
   // in slices of at most 64 tokens.

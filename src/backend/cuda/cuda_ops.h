@@ -48,9 +48,8 @@ class CudaOps final : public Ops {
   size_t scratch_mark() const override { return scratch_used_; }
   void scratch_release(size_t mark) override { scratch_used_ = mark; }
   // The most step scratch taken at once since the backend was made, less what was sized from
-  // what was free (scratch_from_free), and the arena's size.
+  // what was free (scratch_from_free).
   size_t scratch_peak() const { return scratch_peak_; }
-  size_t scratch_capacity() const { return options_.scratch_bytes; }
   void synchronize() override;
   void download_f32(Tensor src, float* host) override;
   void alloc_caches(const CacheGeometry& geometry) override;
