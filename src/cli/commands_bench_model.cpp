@@ -1,6 +1,5 @@
 // `bench model`: decode / verify / prefill step times of a checkpoint or of random weights of a
 // configuration's exact shapes (--synthetic), beside rooflines measured in the same run.
-#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -57,14 +56,10 @@ void run(BenchModelArgs& a) {
     ck = std::move(c.value());
     config = ck->config();
   }
-  // The step scratch arena as serve sizes it (step_scratch_bytes), for the largest step here: a
-  // bound too small for these figures stops them.
-  int step_tokens = 1, logit_rows = 1;
-  for (int b : a.o.decode_batches) step_tokens = std::max(step_tokens, b), logit_rows = std::max(logit_rows, b);
-  for (int v : a.o.verify_tokens) step_tokens = std::max(step_tokens, v), logit_rows = std::max(logit_rows, v);
-  for (int n : a.o.prefill_lengths) step_tokens = std::max(step_tokens, std::min(n, a.o.prefill_chunk));
+  // The step scratch arena as serve sizes it (step_scratch_bytes), for the sweep's largest step:
+  // a bound too small for these figures stops them.
   CudaOpsOptions co;
-  co.scratch_bytes = step_scratch_bytes(config, step_tokens, logit_rows);
+  co.scratch_bytes = model_bench_step_scratch(config, a.o);
   co.int8_vocab = a.lm_head_dtype == "int8";
   CudaOps ops(co);
   auto a8 = parse_act_int8_layers(a.w4a8);
@@ -99,8 +94,8 @@ void run(BenchModelArgs& a) {
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
   if (a.profile) cuda_profiler_start();
   std::vector<BenchRow> rows = run_model_bench(*model, ops, a.o);
-  DS_LOG_INFO("bench", "step scratch: peak %.1f MiB of the %.1f MiB step_scratch_bytes gives %d tokens, %d logit rows",
-              ops.scratch_peak() / 1048576.0, co.scratch_bytes / 1048576.0, step_tokens, logit_rows);
+  DS_LOG_INFO("bench", "step scratch: peak %.1f MiB of the %.1f MiB step_scratch_bytes gives the largest step",
+              ops.scratch_peak() / 1048576.0, co.scratch_bytes / 1048576.0);
   std::printf("# ceilings: copy %.0f GB/s, bf16 matmul %.0f TFLOP/s; weights %s, %.2f GB on the GPU, %.2f GB read per "
               "decode step; W4A8 layers: %s\n",
               roof.copy_gbps, roof.bf16_tflops,

@@ -63,6 +63,14 @@ CacheGeometry model_bench_geometry(const Qwen35Model& model, const ModelBenchOpt
   return model.cache_geometry(max_tokens / kBlock + max_batch + 1, kBlock, max_batch);
 }
 
+size_t model_bench_step_scratch(const ModelConfig& c, const ModelBenchOptions& o) {
+  int64_t tokens = 1, logit_rows = 1;  // decode and verify steps take every row's logits, prefill its last
+  for (int B : o.decode_batches) tokens = std::max<int64_t>(tokens, B), logit_rows = std::max<int64_t>(logit_rows, B);
+  for (int k : o.verify_tokens) tokens = std::max<int64_t>(tokens, k), logit_rows = std::max<int64_t>(logit_rows, k);
+  for (int n : o.prefill_lengths) tokens = std::max<int64_t>(tokens, std::min(n, o.prefill_chunk));
+  return step_scratch_bytes(c, tokens, logit_rows);
+}
+
 std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelBenchOptions& o) {
   const ModelConfig& c = model.config();
   std::mt19937 rng(1234);

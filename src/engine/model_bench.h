@@ -39,6 +39,9 @@ struct BenchRow {
 
 // Cache pools for the sweep in `o`: KV blocks of 16 tokens and state slots.
 CacheGeometry model_bench_geometry(const Qwen35Model& model, const ModelBenchOptions& o);
+// The step scratch the sweep in `o` takes at most (step_scratch_bytes of its largest step: the
+// tokens and logit rows of a decode batch, a verify block or a prefill chunk).
+size_t model_bench_step_scratch(const ModelConfig& c, const ModelBenchOptions& o);
 // Runs the sweep; the caller has called ops.alloc_caches(model_bench_geometry(...)).
 std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelBenchOptions& o);
 
