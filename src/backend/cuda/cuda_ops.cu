@@ -613,6 +613,7 @@ void CudaOps::linear_w4a16(const void* x_bf16, int T, int K, const LinearWeight&
     for (int t0 = 0; t0 < T; t0 += per_launch) {
       const int n = std::min(per_launch, T - t0);
       const int splits = cuda::w4a16_gemv_splits(n, N, K);
+      scratch_release(mark);  // the slice before's partials (the launches run in stream order)
       float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, n, N})) : nullptr;
       cuda::GemvOut o = out.from_token(t0);
       if (scale_after) o.norm = {};
