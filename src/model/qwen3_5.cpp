@@ -27,9 +27,10 @@ size_t step_scratch_bytes(const ModelConfig& c, int64_t tokens, int64_t logit_ro
   const int64_t small = std::min<int64_t>(tokens, 8) * (5 * H + I + std::max(Hv * dv, nH * hd));
   // A row's logits (bf16), up to two f32 rows of the sampler's, and its gathered hidden.
   const int64_t per_row = int64_t(c.vocab_size) * (1 + 2 + 2) + H;
-  // A GEMV's split-K partial sums: f32 [splits, tokens, N], up to 8 splits of gate_up's 2I rows,
-  // in slices of at most 64 tokens.
-  const int64_t partials = 2 * 8 * std::min<int64_t>(tokens, 64) * 2 * I;
+  // A GEMV's split-K partial sums: f32 [splits, tokens, N] in slices of at most 128 tokens, as
+  // much as 4 splits of gate_up's 2I rows (the wide kernels' stream-K partials come to at most
+  // (SMs + tiles) x 256 rows, and the splits' rounding a slice's N more: under 2 at the 27B's).
+  const int64_t partials = 2 * 4 * std::min<int64_t>(tokens, 128) * 2 * I;
   // What backends hand out by the block from what is free (a weight dequantised in blocks of
   // rows takes a quarter of it, 128 rows at least), and 16 MiB for the small rest.
   const int64_t widest_k = std::max({H, I, Hv * dv, nH * hd});

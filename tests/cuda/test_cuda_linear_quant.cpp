@@ -49,12 +49,14 @@ struct GemvSettingsRestored {
   bool tma = cuda::w4a16_gemv_tma();
   bool x_smem = cuda::w4a16_gemv_x_smem();
   bool wide = cuda::w4a16_gemv_wide();
+  bool wgmma = cuda::w4a16_gemv_wgmma();
   bool f16 = cuda::w4a16_gemv_f16();
   bool l2_weights = cuda::w4a16_l2_weights();
   ~GemvSettingsRestored() {
     cuda::set_w4a16_l2_weights(l2_weights);
     cuda::set_w4a16_gemv_f16(f16);
     cuda::set_w4a16_gemv_wide(wide);
+    cuda::set_w4a16_gemv_wgmma(wgmma);
     cuda::set_w4a16_gemv_x_smem(x_smem);
     cuda::set_pdl_enabled(pdl);
     cuda::set_w4a16_gemv_tokens(tokens);
@@ -169,9 +171,10 @@ HostTwin download_twin(const Int8Twin& twin) {
   return h;
 }
 
-// Every token count the GEMV takes (one launch, NT 1/2/4, 32-token slices, 8-token slices, and
-// 64 tokens per launch, NT 8, up to w4a16_gemv_step_tokens: 200 in slices), with and without
-// programmatic dependent launch, then the dequantise + cuBLAS path once (T 300).
+// Every token count the GEMV takes (one launch, NT 1/2/4, 32-token slices, 8-token slices, 64
+// tokens per launch, NT 8, and 128, NT 16 (wgmma only; 64 for the other kernels), up to
+// w4a16_gemv_step_tokens: 200 in slices), with and without programmatic dependent launch, then the
+// dequantise + cuBLAS path once (T 300).
 struct GemvRun {
   bool pdl;
   int per_launch;
@@ -183,6 +186,7 @@ std::vector<GemvRun> launches_and_tokens() {
     for (int T : {1, 2, 7, 8, 9, 16, 17, 32, 33, 100}) v.push_back({pdl, 32, T});
   for (int T : {9, 20}) v.push_back({true, 8, T});
   for (int T : {33, 64, 100}) v.push_back({true, 64, T});  // NT 8
+  for (int T : {65, 128, 200}) v.push_back({true, 128, T});  // NT 16
   v.push_back({true, 32, 200});
   v.push_back({true, 64, 300});
   return v;
@@ -213,13 +217,14 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
       cpu.linear(xc, w_cpu, oc);
       std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
       // The TMA kernels with inputs in shared memory where they fit (the wide kernel from 9
-      // tokens; fp16 inputs, or bf16 ones in 3), or through L1 (the one-tile kernel at every T);
-      // the register kernel.
-      for (int kernel : {0, 1, 2, 3}) {
+      // tokens, in its wgmma form where built; fp16 inputs, or bf16 ones in 3), or through L1 (the
+      // one-tile kernel at every T); the register kernel; the mma.sync wide kernel (4).
+      for (int kernel : {0, 1, 2, 3, 4}) {
         cuda::set_w4a16_gemv_tma(kernel != 2);
-        cuda::set_w4a16_gemv_x_smem(kernel == 0 || kernel == 3);
-        cuda::set_w4a16_gemv_wide(kernel == 0 || kernel == 3);
+        cuda::set_w4a16_gemv_x_smem(kernel != 1 && kernel != 2);
+        cuda::set_w4a16_gemv_wide(kernel != 1 && kernel != 2);
         cuda::set_w4a16_gemv_f16(kernel != 3);
+        if (!cuda::set_w4a16_gemv_wgmma(kernel != 4) && kernel == 0) ADD_FAILURE() << "built without sm_90a";
         gpu->linear_weight(xg, c.gpu_w, og);
         const std::vector<float> got = download(og);
         const std::string what = "w4a16 N" + std::to_string(sh.N) + " K" + std::to_string(sh.K) + " g" +
@@ -228,7 +233,8 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
                                  (kernel == 0   ? " tma"
                                   : kernel == 1 ? " tma one-tile, x not in smem"
                                   : kernel == 2 ? " regs"
-                                                : " tma, bf16 inputs");
+                                  : kernel == 3 ? " tma, bf16 inputs"
+                                                : " tma, mma.sync wide");
         EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
         // The GEMV is deterministic (split-K sums in a fixed order).
         if (c.gpu_w.quantized() && T <= cuda::w4a16_gemv_step_tokens()) {

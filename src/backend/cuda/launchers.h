@@ -67,7 +67,7 @@ void launch_fill_random_bf16(bf16* x, int64_t n, float mean, float half_range, u
 // > 1, partial is scratch f32 [splits, T, N] and counters i32 [kGemvMaxSplitTiles], zero before
 // the first launch and left zero by each (one stream at a time).
 constexpr int kGemvMaxSplitTiles = 4096;
-constexpr int kW4A16GemvMaxTokens = 64;  // the kernel's limit per launch (NT 8)
+constexpr int kW4A16GemvMaxTokens = 128;  // the wgmma kernel's limit per launch (NT 16); 64 for the others
 constexpr int kInt8GemvMaxTokens = 64;
 constexpr int kGemvMaxParts = 4;
 
@@ -174,9 +174,9 @@ bool kernel_skipped(const char* name);
 constexpr int kCodeFlushKilobytes = 256, kCodeFlushSmallKilobytes = 4;
 int code_flush_before(const char* name);
 void launch_code_flush(int kilobytes, cudaStream_t s);
-// Tokens per W4A16 GEMV launch (longer steps up to 128 tokens run it in slices; 0: always
-// dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 64 with
-// the wide kernel, else 32).
+// Tokens per W4A16 GEMV launch (longer steps up to w4a16_gemv_step_tokens run it in slices; 0:
+// always dequantise + cuBLAS). env DS_W4A16_GEMV_MAX_TOKENS = 0 .. kW4A16GemvMaxTokens (default 128
+// with the wgmma kernel, 64 with the mma.sync wide kernel, else 32; above 64 only with wgmma).
 int w4a16_gemv_tokens();
 void set_w4a16_gemv_tokens(int n);
 // Which W4A16 GEMV kernel: true, the one fed by the copy unit (qgemv_tma.cuh; the default on
@@ -214,6 +214,12 @@ void set_w4a16_l2_weights(bool on);
 // may switch it.
 bool w4a16_gemv_wide();
 void set_w4a16_gemv_wide(bool on);
+// Whether launches of 33-128 tokens take the wide kernel's wgmma form (qgemv_wgmma.cuh), which
+// needs a build with sm_90a code (DS_SM90A); else the mma.sync one, and launches take 64 at most.
+// env DS_W4A16_WGMMA = 1 (default) | 0; tests may switch it: the setter returns false where the
+// build cannot.
+bool w4a16_gemv_wgmma();
+bool set_w4a16_gemv_wgmma(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
 // env DS_W4A16_GEMV_STEP_TOKENS (default 256).
 int w4a16_gemv_step_tokens();
@@ -288,7 +294,7 @@ bool w4a16_gemv_writes_swiglu(int T);
 // (qgemv_tma.cuh, tma_a8_fits); or read from a producer's twin (twin, ungated, T <= 8, K a
 // multiple of 64): an unsplit launch, or a split one whose int8 inputs fit beside its rings.
 bool w4a16_gemv_takes_a8(int T, int N, int K, int group, bool gated, bool twin = false);
-// x bf16 [T, K], T <= kW4A16GemvMaxTokens; N = the sum of out's rows; splits from w4a16_gemv_splits
+// x bf16 [T, K], T <= w4a16_gemv_tokens's limit; N = the sum of out's rows; splits from w4a16_gemv_splits
 // With a gate (w4a16_gemv_gates_input), xb bf16 [T, K] is its second input. a8 on (where
 // w4a16_gemv_takes_a8): int8 inputs for int8 tensor cores, rounded in the launch or read from a8.q.
 // x_f16 (optional, where w4a16_gemv_reads_f16_copy(T)): a producer's fp16 copy of x / 16

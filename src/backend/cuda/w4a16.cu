@@ -15,10 +15,11 @@
 //   half in rows g and rows [8rb, 8rb + 8) of its second in rows g + 8, so a lane's accumulators
 //   hold the gate and up value of the same output and the GEMV writes silu(gate) * up.
 // So one warp's stage of the copy-unit GEMV is one contiguous copy (2,176 bytes a unit at group 128).
-// Small T (decode, verify; up to 64 per launch) runs a tensor-core GEMV streaming the weights
-// once for all tokens, fed by the copy unit (qgemv_tma.cuh; 9 to 64 tokens with the inputs shared
-// by a block, qgemv_wide.cuh) or, with DS_W4A16_GEMV=regs, through registers (qgemv_kernel.cuh);
-// large T (prefill) dequantises to a bf16 matrix for cuBLAS.
+// Small T (decode, verify, the slices of short steps; up to 128 per launch) runs a tensor-core GEMV
+// streaming the weights once for all tokens, fed by the copy unit (qgemv_tma.cuh; 9-64 tokens with
+// the inputs shared by a block, qgemv_wide.cuh, and 33-128 as its wgmma form, qgemv_wgmma.cuh,
+// where built for sm_90a) or, with DS_W4A16_GEMV=regs, through registers (qgemv_kernel.cuh); large
+// T (prefill) dequantises to a bf16 matrix for cuBLAS.
 #define DS_GEMV_STAMPS_HERE  // gemv_stamps.cuh: the stamp ring is defined here
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -31,6 +32,7 @@
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/qgemv_kernel.cuh"
 #include "backend/cuda/qgemv_tma.cuh"
+#include "backend/cuda/qgemv_wgmma.cuh"
 #include "backend/cuda/qgemv_wide.cuh"
 #include "core/log.h"
 
@@ -229,6 +231,12 @@ int g_tma = -1;
 bool g_x_smem = env_flag("DS_W4A16_X_SMEM", true);
 bool g_f16 = env_flag("DS_W4A16_F16", true);
 bool g_wide = env_flag("DS_W4A16_WIDE", true);
+// DS_SM90A: the build holds sm_90a code (CMakeLists.txt), which the wgmma kernel needs.
+#ifdef DS_SM90A
+bool g_wgmma = env_flag("DS_W4A16_WGMMA", true);
+#else
+bool g_wgmma = false;
+#endif
 bool g_l2_weights = env_flag("DS_W4A16_L2_WEIGHTS", false);
 
 // -1: the default of w4a16_gemv_tokens.
@@ -246,17 +254,28 @@ int g_tokens = [] {
 // (launch_tma), which needs no such pass.
 constexpr int kF16MaxTokens = 4;
 
-// Whether T tokens of one launch take the wide kernel (qgemv_wide.cuh): 9 or more (at 2-8 tokens it
-// was slower than the one-tile kernel: C8 9.68 against 8.82 ms on the H200).
+// Whether T tokens of one launch take the wide kernel (qgemv_wide.cuh, or at 33-128 tokens its
+// wgmma form, qgemv_wgmma.cuh): 9 or more (at 2-8 tokens it was slower than the one-tile kernel:
+// C8 9.68 against 8.82 ms on the H200).
 bool takes_wide(int T) { return T > 8 && w4a16_gemv_tma() && g_wide; }
-// The wide kernel's token tiles of 8 for T tokens (its instances: 2, 4, 8).
-int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
+// Whether launches of 33-128 tokens take the wgmma kernel (and launches may take more than 64).
+bool takes_wgmma() { return g_wgmma && w4a16_gemv_tma() && g_wide; }
+// The wide kernels' token tiles of 8 for T tokens (their instances: 2, 4, 8, and the wgmma
+// kernel's 16).
+int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : T <= 64 ? 8 : qgemv::kWgmmaTiles; }
 
-// The wide kernel's dynamic shared-memory limit raised to the opt-in maximum, once per
-// instance; returns that maximum.
-template <int NT>
+// The kernel of a wide launch: the wgmma form (Wg; 8 or 16 tiles) or the mma.sync one.
+template <int NT, bool Wg>
+auto wide_kernel() {
+  if constexpr (Wg) return qgemv::qgemv_wgmma_kernel<NT>;
+  else return qgemv::qgemv_wide_kernel<NT>;
+}
+
+// A wide kernel's dynamic shared-memory limit raised to the opt-in maximum, once per instance;
+// returns that maximum.
+template <int NT, bool Wg>
 int wide_ready() {
-  static const int max_smem = raise_dynamic_smem_limit(reinterpret_cast<const void*>(qgemv::qgemv_wide_kernel<NT>));
+  static const int max_smem = raise_dynamic_smem_limit(reinterpret_cast<const void*>(wide_kernel<NT, Wg>()));
   return max_smem;
 }
 
@@ -285,10 +304,10 @@ CUtensorMap tensor_map(CUtensorMapDataType type, int rank, const void* base, con
   return m;
 }
 
-template <int NT>
+template <int NT, bool Wg>
 void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* partial, int* counters, int splits,
                  int T, int N, int K, cudaStream_t s) {
-  const int max_smem = wide_ready<NT>();
+  const int max_smem = wide_ready<NT, Wg>();
   const qgemv::WideDeal deal = qgemv::wide_deal(N, K, sm_count());
   DS_ASSERT(deal.tiles <= kGemvMaxSplitTiles, "W4A16 wide GEMV: %d tiles (N %d), counters for %d", deal.tiles, N,
             kGemvMaxSplitTiles);
@@ -298,7 +317,8 @@ void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* 
             static_cast<long long>(partial ? int64_t(splits) * T * N : 0), static_cast<long long>(need), N, K);
   // At least half an SM's shared memory, so that no SM takes two blocks while another has none (the
   // deal gives each SM one; at 16 tokens two blocks fit an SM by registers and stages alone).
-  const size_t smem = std::max(qgemv::wide_smem_bytes(T, w.unit_bytes), size_t(max_smem) / 2 + 1024);
+  const size_t ring = Wg ? qgemv::wgmma_smem_bytes(NT, w.unit_bytes) : qgemv::wide_smem_bytes(T, w.unit_bytes);
+  const size_t smem = std::max(ring, size_t(max_smem) / 2 + 1024);
   DS_ASSERT(smem <= size_t(max_smem), "W4A16 wide GEMV: %zu bytes of shared memory, the GPU allows %d", smem,
             max_smem);
   // The weight as u32 [n_rb][n_units * unit_bytes / 64][16]: a box is one unit of 16 row blocks.
@@ -315,8 +335,9 @@ void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* 
   const cuuint32_t xbox[2] = {qgemv::kChunk, cuuint32_t(T)};
   const CUtensorMap xmap =
       tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, xdims, xstrides, xbox, CU_TENSOR_MAP_SWIZZLE_128B);
-  launch_kernel("qgemv_wide", qgemv::qgemv_wide_kernel<NT>, dim3(deal.blocks), dim3(qgemv::kWideThreads), smem, s,
-                wmap, xmap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
+  launch_kernel(Wg ? "qgemv_wgmma" : "qgemv_wide", wide_kernel<NT, Wg>(), dim3(deal.blocks),
+                dim3(qgemv::kWideThreads), smem, s, wmap, xmap, w, parts, partial, counters, deal, T, N,
+                qgemv::kWideStages);
 }
 
 // A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp; TMA kernel:
@@ -342,10 +363,11 @@ auto with_kernel(int T, F&& f) {
 
 }  // namespace
 
-// 256: steps of 160-256 tokens in 64-token slices take 47.8, 51.5, 63.3 and 66.7 ms at 160, 192,
-// 224 and 256 tokens against 79.8-85.2 by dequantise + cuBLAS in an arena of step_scratch_bytes,
-// whose blocks of rows are smaller than a 6 GiB arena's (61.5 ms at 192 and 256 there: 27B shape,
-// H100, docs/perf/2026-12-05-s61-cuda-27b.md). 128 tokens: 35-36 ms either way.
+// 256: in 128-token slices (the wgmma kernel) a step of 128, 256, 320 and 384 tokens takes 29.2,
+// 52.4, 77.1 and 76.0 ms against 59.9, 66.1, 78.4 and 74.8 by dequantise + cuBLAS, which is ahead
+// from 448 (85.9 against 100.8 ms; 27B shape, bench model's arena of step_scratch_bytes, H100,
+// docs/perf/2026-12-05-s62-cuda-27b.md). In 64-token slices (mma.sync), 160-256 tokens took
+// 47.8-66.7 ms against 79.8-85.2 (s61).
 int w4a16_gemv_step_tokens() {
   static const int n = [] {
     const char* env = std::getenv("DS_W4A16_GEMV_STEP_TOKENS");
@@ -354,11 +376,14 @@ int w4a16_gemv_step_tokens() {
   return n;
 }
 int w4a16_gemv_tokens() {
-  if (g_tokens >= 0) return g_tokens;
-  // 64 with the wide kernel, whose one launch reads the weights once for 64 tokens (C64 43.2 ms
-  // against 51.1 at 32 a launch, with an earlier form of it); the one-tile kernel was slower at
-  // 64 a launch (C64 47.3 against 42.2 ms: docs/perf/2026-12-01-s12-cuda-27b.md).
-  return w4a16_gemv_tma() && g_wide ? kW4A16GemvMaxTokens : 32;
+  // 128 with the wgmma kernel (a 256-token step 52.4 ms against 66.9 in 64-token slices on
+  // mma.sync: H100, docs/perf/2026-12-05-s62-cuda-27b.md); 64 with the mma.sync wide kernel, whose
+  // one launch reads the weights once for 64 tokens (C64 43.2 ms against 51.1 at 32 a launch, with
+  // an earlier form of it); the one-tile kernel was slower at 64 a launch (C64 47.3 against 42.2
+  // ms: docs/perf/2026-12-01-s12-cuda-27b.md).
+  // A setting above 64 holds with the wgmma kernel only: the other kernels take 64 at most.
+  if (g_tokens >= 0) return std::min(g_tokens, takes_wgmma() ? kW4A16GemvMaxTokens : 64);
+  return takes_wgmma() ? kW4A16GemvMaxTokens : w4a16_gemv_tma() && g_wide ? 64 : 32;
 }
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
@@ -387,6 +412,13 @@ bool w4a16_gemv_reads_f16_copy(int T) {
 bool w4a16_gemv_takes_f16(int T) { return T <= kF16MaxTokens && w4a16_gemv_reads_f16_copy(T); }
 bool w4a16_gemv_wide() { return g_wide; }
 void set_w4a16_gemv_wide(bool on) { g_wide = on; }
+bool w4a16_gemv_wgmma() { return g_wgmma; }
+bool set_w4a16_gemv_wgmma(bool on) {
+#ifdef DS_SM90A
+  g_wgmma = on;
+#endif
+  return g_wgmma == on;
+}
 
 int w4a16_gemv_splits(int T, int N, int K) {
   if (takes_wide(T)) {  // partial [splits, T, N] must hold the wide kernel's partials
@@ -436,8 +468,8 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate,
                        GemvInt8In a8, const __half* x_f16) {
   if (T == 0) return;
-  DS_ASSERT(T <= kW4A16GemvMaxTokens && w4a16_tiled_supports(K, group), "W4A16 GEMV: T %d, K %d, group %d", T, K,
-            group);
+  DS_ASSERT(T <= (takes_wide(T) && takes_wgmma() ? kW4A16GemvMaxTokens : 64) && w4a16_tiled_supports(K, group),
+            "W4A16 GEMV: T %d, K %d, group %d", T, K, group);
   DS_ASSERT(aligned16(x) && aligned16(tiled) && aligned16(partial),
             "W4A16 GEMV: x, the weight and the partials must be 16-byte aligned");
   // Whether the inputs fit in shared memory to be gated there is launch_tma's check.
@@ -471,9 +503,15 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   if (takes_wide(T)) {
     DS_ASSERT(gate == GemvGate::kNone, "W4A16 GEMV: no gated input at %d tokens", T);
     const int nt = wide_tiles(T);
-    if (nt == 2) launch_wide<2>(w, x, parts, partial, counters, splits, T, N, K, s);
-    else if (nt == 4) launch_wide<4>(w, x, parts, partial, counters, splits, T, N, K, s);
-    else launch_wide<8>(w, x, parts, partial, counters, splits, T, N, K, s);
+    if (T >= qgemv::kWgmmaMinTokens && takes_wgmma()) {
+      if (nt == 8) launch_wide<8, true>(w, x, parts, partial, counters, splits, T, N, K, s);
+      else launch_wide<qgemv::kWgmmaTiles, true>(w, x, parts, partial, counters, splits, T, N, K, s);
+      return;
+    }
+    DS_ASSERT(nt <= 8, "W4A16 GEMV: %d tokens a launch without the wgmma kernel", T);
+    if (nt == 2) launch_wide<2, false>(w, x, parts, partial, counters, splits, T, N, K, s);
+    else if (nt == 4) launch_wide<4, false>(w, x, parts, partial, counters, splits, T, N, K, s);
+    else launch_wide<8, false>(w, x, parts, partial, counters, splits, T, N, K, s);
     return;
   }
 #ifdef DS_GEMV_STAMPS

@@ -1,0 +1,270 @@
+// Device code of the W4A16 GEMM on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a)
+// for 33 to 128 tokens a launch (batched decode from 33 sequences, the 128-token slices of mixed
+// and prefill steps): out bf16 [T, N] = x bf16 [T, K] . W^T, fp32 accumulation. It is the wide
+// GEMV (qgemv_wide.cuh) with another inner loop: the same stages (a unit of a 256-row tile's
+// weights and the inputs of its 4 chunks, by the copy engine, 2 in flight), the same stream-K
+// deal and partial sums, the same epilogue (store_row_block). Only the tensor-core work differs:
+//
+// - A (weights) from registers: wgmma.m64nNk16 takes a warp's A operand in the mma.m16n8k16
+//   layout, but for one k-step of 16 contiguous columns, while the tiled layout gives lane q of a
+//   quad the chunk's columns [16 q, 16 q + 16) (qgemv_kernel.cuh). So lane (g, q) reads the uint4
+//   of lane (g, J) for k-step J from shared memory and takes its words q / 2 and q / 2 + 2, the
+//   nibbles of columns 16 J + 2 q (+1) and 16 J + 2 q + 8 (+9) of rows g and g + 8, into one word
+//   of the usual nibble order with one byte permute.
+// - Scales in fp32: A holds the exact codes (q - 8); a chunk's 4 k-steps of one m64 tile and 64
+//   tokens sum into a second accumulator, which is scaled into the first (the fp32 math of the
+//   dequantised weights, as the mma.sync GEMVs give). Folding the scale into A instead (bf16 (q -
+//   8) times the scale in bf16, one wgmma chain a chunk) was a little faster (a 128-token step 27.1
+//   against 29.2 ms, H100) but put a bf16 rounding on every weight, which took the tiny W4A16
+//   fixture's logits past the bf16 tolerance (rel_rms 0.040 against a bound of 0.035).
+// - B (inputs) from shared memory: each chunk's inputs lie as the copy engine's 128-byte swizzle
+//   writes them, [tokens][64 columns], which is wgmma's K-major layout with that swizzle; a k-step
+//   is the chunk's descriptor advanced by 32 bytes, the second 64 tokens 8 KB further.
+//
+// A block is two warpgroups; warpgroup h computes the tile's row blocks [8 h, 8 h + 8) as two m64
+// tiles (warp w of it row blocks 8 h + w and 8 h + 4 + w) of 8 NT tokens (NT 8 or 16: one or two
+// halves of 64). Per chunk each warpgroup builds its A operands, then per (m64 tile, half) issues
+// 4 wgmma, waits and scales; the two warpgroups overlap one's waits and scaling with the other's
+// tensor-core work. At 9-32 tokens the mma.sync wide kernel stays faster (C16 10.6 against 12.3
+// ms, verify 16 10.0 against 11.7; H100, docs/perf/2026-12-05-s62-cuda-27b.md).
+#pragma once
+
+#include <cuda.h>
+
+#include "backend/cuda/qgemv_wide.cuh"
+
+namespace ds::cuda::qgemv {
+
+constexpr int kWgmmaMinTokens = 33;  // fewer take the mma.sync wide kernel
+constexpr int kWgmmaTiles = 16;      // the most token tiles of 8 a launch: 128 tokens
+
+// A stage of the wgmma kernel: as the wide kernel's, with 8 NT input rows a chunk (wgmma reads
+// them all; those past T hold stale values whose outputs are never stored).
+inline size_t wgmma_stage_bytes(int nt, int unit_bytes) {
+  return size_t(wide_weight_bytes(unit_bytes)) + size_t(kUnitChunks) * 8 * nt * 128;
+}
+inline size_t wgmma_smem_bytes(int nt, int unit_bytes) {
+  return mbar_array_bytes(2 * kWideStages) + 1024 + kWideStages * wgmma_stage_bytes(nt, unit_bytes);
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+
+// The descriptor of a K-major bf16 B operand in shared memory with the 128-byte swizzle: rows of
+// 128 bytes, 8-row groups 1024 bytes apart (the stride); start address >> 4 in bits 0-13, the
+// (unused) leading offset 1 in bits 16-29, the stride >> 4 in bits 32-45, swizzle mode 1 (128 B)
+// in bits 62-63.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* p) {
+  return uint64_t((smem_u32(p) & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+         (uint64_t(1) << 62);
+}
+
+// d (f32, the m16n8 accumulator layout per n-tile of 8) = (accumulate ? d : 0) + a (bf16x2, the
+// warp's 16 rows of one k-step) . B (the descriptor's 16 columns of 64 rows), A from registers.
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[8][4], const uint32_t (&a)[4], uint64_t desc,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
+        "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+        "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+        "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+        "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
+        "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+        "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
+        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate)
+      : "memory");
+}
+
+// Keeps registers live (and their values unmoved) up to this point: wgmma reads its A registers
+// and writes its accumulators after the instruction that issues it, until its group is waited for.
+__device__ __forceinline__ void wgmma_keep(const uint32_t (&a)[4]) {
+  asm volatile("" ::"r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]) : "memory");
+}
+__device__ __forceinline__ void wgmma_keep(float (&d)[8][4]) {
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+    asm volatile("" : "+f"(d[nt][0]), "+f"(d[nt][1]), "+f"(d[nt][2]), "+f"(d[nt][3])::"memory");
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// The kernel's parameters are the wide kernel's (qgemv_wide_kernel), S = kWideStages. Built for
+// sm_90a only: elsewhere it traps, and the launcher never picks it (w4a16.cu).
+template <int NT>
+__global__ void __launch_bounds__(kWideThreads, 1)
+    qgemv_wgmma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, W4Tiled w,
+                       OutParts out, float* __restrict__ partial, int* __restrict__ counters, WideDeal deal, int T,
+                       int N, int S) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(kWideThreads == 256 && kWideR == 2 && kWideTileBlocks == 16, "two warpgroups of two m64 tiles");
+  static_assert(NT == 8 || NT == 16, "halves of 64 tokens");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [S]: the stage's copies have landed
+  uint64_t* empty = full + S;                               // [S]: the 8 warps are done with it
+  unsigned char* ring = reinterpret_cast<unsigned char*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + mbar_array_bytes(2 * S) + 1023) / 1024 * 1024);
+  constexpr int x_rows = 8 * NT;
+  const int wbytes = wide_weight_bytes(w.unit_bytes);
+  const int stage_bytes = wbytes + kUnitChunks * x_rows * 128;
+  auto weights_of = [&](int slot, int b) { return ring + slot * stage_bytes + b * w.unit_bytes; };
+  auto inputs_of = [&](int slot, int c) { return ring + slot * stage_bytes + wbytes + c * x_rows * 128; };
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wq = warp % 4;
+  const int64_t f0 = deal.begin(blockIdx.x), f1 = deal.begin(blockIdx.x + 1);
+  const int n_steps = static_cast<int>(f1 - f0);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < S; ++i) {
+      mbar_init(&full[i], 1);
+      mbar_init(&empty[i], kWideWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+
+  auto chunks_of = [&](int64_t f) {
+    return min(kUnitChunks, w.n_chunks - static_cast<int>(f % deal.units) * kUnitChunks);
+  };
+  auto issue_weights = [&](int i) {
+    const int64_t f = f0 + i;
+    const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units);
+    mbar_arrive_expect_tx(&full[i % S], kWideTileBlocks * w.unit_bytes + chunks_of(f) * T * 128);
+    tensor_copy_3d(weights_of(i % S, 0), &wmap, 0, u * (w.unit_bytes / 64), tile * kWideTileBlocks, &full[i % S]);
+  };
+  auto issue_inputs = [&](int i) {
+    const int64_t f = f0 + i;
+    const int u = static_cast<int>(f % deal.units), nch = chunks_of(f);
+    for (int c = 0; c < nch; ++c)
+      tensor_copy_2d(inputs_of(i % S, c), &xmap, (u * kUnitChunks + c) * kChunk, 0, &full[i % S]);
+  };
+  const int first = min(S, n_steps);
+  if (threadIdx.x == 0)
+    for (int i = 0; i < first; ++i) issue_weights(i);  // no kernel writes weights
+  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
+  pdl_trigger();
+  if (threadIdx.x == 0)
+    for (int i = 0; i < first; ++i) issue_inputs(i);
+
+  // Lane (g, q) takes words q / 2 and q / 2 + 2 of the source lane's uint4 and their bytes q % 2
+  // and q % 2 + 2 (nibbles of rows g and g + 8).
+  const int g = lane / 4, q4 = lane % 4;
+  const bool odd_words = q4 >= 2;
+  const uint32_t perm = (q4 & 1) ? 0x7351u : 0x6240u;
+  float acc[2][NT][4] = {};
+  // The warp's row block of its m64 tile m: in the tile (a stage's weights), and in the weight.
+  auto local_rb = [&](int m) { return wg * 8 + m * 4 + wq; };
+  auto row_block = [&](int tile, int m) { return tile * kWideTileBlocks + local_rb(m); };
+
+  // The tile's results, as the wide kernel's flush (the same partial layout and order).
+  auto flush = [&](int tile) {
+    const int seg = blockIdx.x - deal.first_block(tile), segs = deal.n_blocks(tile);
+    auto slot_of = [&](int sg) {
+      return reinterpret_cast<float4*>(partial) + (int64_t(sg - 1) * deal.tiles + tile) * (kWideR * NT * 256) +
+             threadIdx.x;
+    };
+    if (seg > 0) {
+      float4* mine = slot_of(seg);
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          mine[(m * NT + nt) * 256] = make_float4(acc[m][nt][0], acc[m][nt][1], acc[m][nt][2], acc[m][nt][3]);
+      __syncthreads();
+      if (threadIdx.x == 0) atomic_add_acq_rel_gpu(&counters[tile], 1);
+    } else {
+      if (segs > 1) {
+        if (threadIdx.x == 0) {
+          while (load_acquire_gpu(&counters[tile]) < segs - 1) __nanosleep(64);
+          counters[tile] = 0;
+        }
+        __syncthreads();
+        for (int sg = 1; sg < segs; ++sg) {
+          const float4* theirs = slot_of(sg);
+#pragma unroll
+          for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const float4 v = __ldcg(theirs + (m * NT + nt) * 256);
+              acc[m][nt][0] += v.x;
+              acc[m][nt][1] += v.y;
+              acc[m][nt][2] += v.z;
+              acc[m][nt][3] += v.w;
+            }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 2; ++m) store_row_block<NT>(acc[m], out, T, N, row_block(tile, m), lane);
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[m][nt][i] = 0.f;
+  };
+
+  float sums[8][4] = {};  // one m64 tile's sums of a chunk for 64 tokens, before the scales
+  for (int i = 0; i < n_steps; ++i) {
+    const int64_t f = f0 + i;
+    const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units), slot = i % S;
+    const int nch = min(kUnitChunks, w.n_chunks - u * kUnitChunks);
+    mbar_wait(&full[slot], (i / S) & 1);
+#pragma unroll 1
+    for (int c = 0; c < nch; ++c) {
+      uint32_t a[2][4][4];  // bf16x2 [m64 tile][k-step][register]: the codes q - 8
+      float2 s[2];          // the scales of rows g and g + 8
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const unsigned char* unit = weights_of(slot, local_rb(m));
+        s[m] = reinterpret_cast<const float2*>(unit)[(c >> w.slot_shift) * 8 + g];
+        const uint4* chunk = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes + c * kChunkBytes);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint4 v = chunk[4 * g + j];
+          const uint32_t word = __byte_perm(odd_words ? v.y : v.x, odd_words ? v.w : v.z, perm);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) a[m][j][r] = nibbles_to_bf16x2(word >> (4 * r));
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int h = 0; h < NT / 8; ++h) {  // tokens [64 h, 64 h + 64)
+          wgmma_fence();
+#pragma unroll
+          for (int j = 0; j < 4; ++j)  // (rows past N: zeros, never stored)
+            wgmma_m64n64k16(sums, a[m][j], wgmma_desc_sw128(inputs_of(slot, c) + 8192 * h + 32 * j), j > 0);
+          wgmma_commit();
+          wgmma_wait_all();
+#pragma unroll
+          for (int j = 0; j < 4; ++j) wgmma_keep(a[m][j]);
+          wgmma_keep(sums);
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            acc[m][8 * h + nt][0] += s[m].x * sums[nt][0];
+            acc[m][8 * h + nt][1] += s[m].x * sums[nt][1];
+            acc[m][8 * h + nt][2] += s[m].y * sums[nt][2];
+            acc[m][8 * h + nt][3] += s[m].y * sums[nt][3];
+          }
+        }
+    }
+    __syncwarp();  // the warp's wgmma have read the slot
+    if (lane == 0) mbar_arrive(&empty[slot]);
+    if (warp == i % kWideWarps && lane == 0 && i + S < n_steps) {
+      mbar_wait(&empty[slot], (i / S) & 1);
+      issue_weights(i + S);
+      issue_inputs(i + S);
+    }
+    if (u == deal.units - 1 || i == n_steps - 1) flush(tile);
+  }
+#else
+  __trap();
+#endif
+}
+
+}  // namespace ds::cuda::qgemv
