@@ -81,7 +81,7 @@ class RequestStream {
 
 struct EngineOptions {
   int max_num_seqs = 64;
-  int max_step_tokens = 1024;  // serve's default (ServeOptions)
+  int max_step_tokens = kDefaultMaxStepTokens;
   int max_waiting = 256;        // requests held beyond max_num_seqs before submit says 429
   int max_model_len = 4096;     // prompt + generated tokens
   std::vector<int32_t> eos_ids;

@@ -22,9 +22,17 @@ struct SchedSeq {
   int n_preemptions = 0;
 };
 
+// The default token budget of one step (chunked prefill + decodes), which the engine's and serve's
+// options take too. 1024 against 256 on the 27B shape at --gpu-memory 24 (H100, 512-token
+// prompts, 128 out): C64 1,047 against 517 output tok/s, TTFT p50 0.48 against 3.29 s, TPOT p50
+// 56 against 100 ms; C8 638 against 471; C1 142 against 132; the KV pool 47,760 against 51,024
+// tokens, as the step scratch grows with the budget. 2048: C64 1,188, KV pool 43,376
+// (docs/perf/2026-12-05-s61-cuda-27b.md).
+constexpr int kDefaultMaxStepTokens = 1024;
+
 struct SchedulerOptions {
-  int max_num_seqs = 64;        // running sequences at once (<= the pool's state slots)
-  int max_step_tokens = 1024;   // token budget of one step: decodes + prefill chunks
+  int max_num_seqs = 64;                         // running sequences at once (<= the pool's state slots)
+  int max_step_tokens = kDefaultMaxStepTokens;  // token budget of one step: decodes + prefill chunks
 };
 
 struct ScheduleOutput {

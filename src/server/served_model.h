@@ -26,12 +26,7 @@ struct ServeOptions {
   int port = 8000;
   std::string api_key;            // empty: no auth
   int max_num_seqs = 64;
-  // Token budget of one step (chunked prefill + decodes). 1024 against 256 on the 27B shape at
-  // --gpu-memory 24 (H100, 512-token prompts, 128 out): C64 1,047 against 517 output tok/s, TTFT
-  // p50 0.48 against 3.29 s, TPOT p50 56 against 100 ms; C8 638 against 471; C1 142 against 132;
-  // the KV pool 47,760 against 51,024 tokens, as the step scratch grows with the budget. 2048:
-  // C64 1,188, KV pool 43,376 (docs/perf/2026-12-05-s61-cuda-27b.md).
-  int max_step_tokens = 1024;
+  int max_step_tokens = kDefaultMaxStepTokens;  // token budget of one step (engine/scheduler.h)
   int max_model_len = 0;          // 0: min(max_position_embeddings, 4096)
   int kv_blocks = 0;              // 0: max_num_seqs * max_model_len / 4 tokens' worth, at least one full context
   double gpu_memory_gib = 0;      // > 0: one byte budget for weights, scratch, state slots and KV (sizes the KV pool)
