@@ -128,7 +128,7 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   AB="default regs:DS_W4A16_GEMV=regs"
   AB="$AB noxsmem:DS_W4A16_X_SMEM=0 nof16:DS_W4A16_F16=0 nopdl:DS_PDL=0"
   AB="$AB unfused:DS_FUSE_LINEARS=0 nographs:DS_CUDA_GRAPHS=0"
-  AB="$AB nowide:DS_W4A16_WIDE=0 tok32:DS_W4A16_GEMV_MAX_TOKENS=32"
+  AB="$AB nowide:DS_W4A16_WIDE=0 nowgmma:DS_W4A16_WGMMA=0 tok32:DS_W4A16_GEMV_MAX_TOKENS=32"
   AB="${DS_AB:-$AB}"
   [ "$AB" = none ] && AB=""
   for cfg in $AB; do
