@@ -38,15 +38,6 @@ namespace ds::cuda::qgemv {
 constexpr int kWgmmaMinTokens = 33;  // fewer take the mma.sync wide kernel
 constexpr int kWgmmaTiles = 16;      // the most token tiles of 8 a launch: 128 tokens
 
-// A stage of the wgmma kernel: as the wide kernel's, with 8 NT input rows a chunk (wgmma reads
-// them all; those past T hold stale values whose outputs are never stored).
-inline size_t wgmma_stage_bytes(int nt, int unit_bytes) {
-  return size_t(wide_weight_bytes(unit_bytes)) + size_t(kUnitChunks) * 8 * nt * 128;
-}
-inline size_t wgmma_smem_bytes(int nt, int unit_bytes) {
-  return mbar_array_bytes(2 * kWideStages) + 1024 + kWideStages * wgmma_stage_bytes(nt, unit_bytes);
-}
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -95,8 +86,10 @@ __device__ __forceinline__ void wgmma_keep(float (&d)[8][4]) {
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// The kernel's parameters are the wide kernel's (qgemv_wide_kernel), S = kWideStages. Built for
-// sm_90a only: elsewhere it traps, and the launcher never picks it (w4a16.cu).
+// The kernel's parameters are the wide kernel's (qgemv_wide_kernel), S = kWideStages; its stages
+// hold inputs for all 8 NT token rows (wide_smem_bytes(8 NT, ...)), since wgmma reads them all
+// (those past T hold stale values whose outputs are never stored). Built for sm_90a only:
+// elsewhere it traps, and the launcher never picks it (w4a16.cu).
 template <int NT>
 __global__ void __launch_bounds__(kWideThreads, 1)
     qgemv_wgmma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, W4Tiled w,
@@ -106,49 +99,9 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   static_assert(kWideThreads == 256 && kWideR == 2 && kWideTileBlocks == 16, "two warpgroups of two m64 tiles");
   static_assert(NT == 8 || NT == 16, "halves of 64 tokens");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [S]: the stage's copies have landed
-  uint64_t* empty = full + S;                               // [S]: the 8 warps are done with it
-  unsigned char* ring = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + mbar_array_bytes(2 * S) + 1023) / 1024 * 1024);
-  constexpr int x_rows = 8 * NT;
-  const int wbytes = wide_weight_bytes(w.unit_bytes);
-  const int stage_bytes = wbytes + kUnitChunks * x_rows * 128;
-  auto weights_of = [&](int slot, int b) { return ring + slot * stage_bytes + b * w.unit_bytes; };
-  auto inputs_of = [&](int slot, int c) { return ring + slot * stage_bytes + wbytes + c * x_rows * 128; };
+  const WideStages st(smem_raw, &wmap, &xmap, w, deal, T, S, 8 * NT);  // wgmma reads all 8 NT rows
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wq = warp % 4;
-  const int64_t f0 = deal.begin(blockIdx.x), f1 = deal.begin(blockIdx.x + 1);
-  const int n_steps = static_cast<int>(f1 - f0);
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < S; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kWideWarps);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-
-  auto chunks_of = [&](int64_t f) {
-    return min(kUnitChunks, w.n_chunks - static_cast<int>(f % deal.units) * kUnitChunks);
-  };
-  auto issue_weights = [&](int i) {
-    const int64_t f = f0 + i;
-    const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units);
-    mbar_arrive_expect_tx(&full[i % S], kWideTileBlocks * w.unit_bytes + chunks_of(f) * T * 128);
-    tensor_copy_3d(weights_of(i % S, 0), &wmap, 0, u * (w.unit_bytes / 64), tile * kWideTileBlocks, &full[i % S]);
-  };
-  auto issue_inputs = [&](int i) {
-    const int64_t f = f0 + i;
-    const int u = static_cast<int>(f % deal.units), nch = chunks_of(f);
-    for (int c = 0; c < nch; ++c)
-      tensor_copy_2d(inputs_of(i % S, c), &xmap, (u * kUnitChunks + c) * kChunk, 0, &full[i % S]);
-  };
-  const int first = min(S, n_steps);
-  if (threadIdx.x == 0)
-    for (int i = 0; i < first; ++i) issue_weights(i);  // no kernel writes weights
-  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
-  pdl_trigger();
-  if (threadIdx.x == 0)
-    for (int i = 0; i < first; ++i) issue_inputs(i);
+  st.start();
 
   // Lane (g, q) takes words q / 2 and q / 2 + 2 of the source lane's uint4 and their bytes q % 2
   // and q % 2 + 2 (nibbles of rows g and g + 8).
@@ -156,71 +109,22 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   const bool odd_words = q4 >= 2;
   const uint32_t perm = (q4 & 1) ? 0x7351u : 0x6240u;
   float acc[2][NT][4] = {};
-  // The warp's row block of its m64 tile m: in the tile (a stage's weights), and in the weight.
+  // The warp's row block of its m64 tile m in the tile (a stage's weights).
   auto local_rb = [&](int m) { return wg * 8 + m * 4 + wq; };
-  auto row_block = [&](int tile, int m) { return tile * kWideTileBlocks + local_rb(m); };
-
-  // The tile's results, as the wide kernel's flush (the same partial layout and order).
-  auto flush = [&](int tile) {
-    const int seg = blockIdx.x - deal.first_block(tile), segs = deal.n_blocks(tile);
-    auto slot_of = [&](int sg) {
-      return reinterpret_cast<float4*>(partial) + (int64_t(sg - 1) * deal.tiles + tile) * (kWideR * NT * 256) +
-             threadIdx.x;
-    };
-    if (seg > 0) {
-      float4* mine = slot_of(seg);
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          mine[(m * NT + nt) * 256] = make_float4(acc[m][nt][0], acc[m][nt][1], acc[m][nt][2], acc[m][nt][3]);
-      __syncthreads();
-      if (threadIdx.x == 0) atomic_add_acq_rel_gpu(&counters[tile], 1);
-    } else {
-      if (segs > 1) {
-        if (threadIdx.x == 0) {
-          while (load_acquire_gpu(&counters[tile]) < segs - 1) __nanosleep(64);
-          counters[tile] = 0;
-        }
-        __syncthreads();
-        for (int sg = 1; sg < segs; ++sg) {
-          const float4* theirs = slot_of(sg);
-#pragma unroll
-          for (int m = 0; m < 2; ++m)
-#pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-              const float4 v = __ldcg(theirs + (m * NT + nt) * 256);
-              acc[m][nt][0] += v.x;
-              acc[m][nt][1] += v.y;
-              acc[m][nt][2] += v.z;
-              acc[m][nt][3] += v.w;
-            }
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < 2; ++m) store_row_block<NT>(acc[m], out, T, N, row_block(tile, m), lane);
-    }
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[m][nt][i] = 0.f;
-  };
 
   float sums[8][4] = {};  // one m64 tile's sums of a chunk for 64 tokens, before the scales
-  for (int i = 0; i < n_steps; ++i) {
-    const int64_t f = f0 + i;
+  for (int i = 0; i < st.n_steps; ++i) {
+    const int64_t f = st.f0 + i;
     const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units), slot = i % S;
-    const int nch = min(kUnitChunks, w.n_chunks - u * kUnitChunks);
-    mbar_wait(&full[slot], (i / S) & 1);
+    const int nch = st.chunks(f);
+    st.wait_full(i);
 #pragma unroll 1
     for (int c = 0; c < nch; ++c) {
       uint32_t a[2][4][4];  // bf16x2 [m64 tile][k-step][register]: the codes q - 8
       float2 s[2];          // the scales of rows g and g + 8
 #pragma unroll
       for (int m = 0; m < 2; ++m) {
-        const unsigned char* unit = weights_of(slot, local_rb(m));
+        const unsigned char* unit = st.weights(slot, local_rb(m));
         s[m] = reinterpret_cast<const float2*>(unit)[(c >> w.slot_shift) * 8 + g];
         const uint4* chunk = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes + c * kChunkBytes);
 #pragma unroll
@@ -238,7 +142,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
           wgmma_fence();
 #pragma unroll
           for (int j = 0; j < 4; ++j)  // (rows past N: zeros, never stored)
-            wgmma_m64n64k16(sums, a[m][j], wgmma_desc_sw128(inputs_of(slot, c) + 8192 * h + 32 * j), j > 0);
+            wgmma_m64n64k16(sums, a[m][j], wgmma_desc_sw128(st.inputs(slot, c) + 8192 * h + 32 * j), j > 0);
           wgmma_commit();
           wgmma_wait_all();
 #pragma unroll
@@ -253,14 +157,11 @@ __global__ void __launch_bounds__(kWideThreads, 1)
           }
         }
     }
-    __syncwarp();  // the warp's wgmma have read the slot
-    if (lane == 0) mbar_arrive(&empty[slot]);
-    if (warp == i % kWideWarps && lane == 0 && i + S < n_steps) {
-      mbar_wait(&empty[slot], (i / S) & 1);
-      issue_weights(i + S);
-      issue_inputs(i + S);
-    }
-    if (u == deal.units - 1 || i == n_steps - 1) flush(tile);
+    st.release(i, warp, lane);  // the warp's wgmma have read the slot (waited for above)
+    // Partials loaded one at a time: at 128 tokens no registers are left for all of them at once.
+    if (u == deal.units - 1 || i == st.n_steps - 1)
+      wide_flush<NT, false>(acc, tile, deal, partial, counters, out, T, N, lane,
+                            [&](int m) { return tile * kWideTileBlocks + local_rb(m); });
   }
 #else
   __trap();

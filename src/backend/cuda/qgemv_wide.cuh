@@ -83,110 +83,135 @@ __device__ __forceinline__ void tensor_copy_3d(void* dst, const CUtensorMap* map
       : "memory");
 }
 
-// wmap: the tiled weight as u32 [n_rb][n_units * unit_bytes / 64][16], box [16][unit_bytes / 64][16]
-// (one unit of a tile's 16 row blocks; rows past N zero-filled). xmap: x bf16 [T][K], box [T][64]
-// (one chunk of every token) with the 128-byte swizzle. partial f32 [wide_partial_floats],
-// counters i32 [tiles], zero between launches. S = kWideStages (a parameter: as a constant, ptxas
-// spills at 8 token tiles). Every block of the launch must be resident at
-// once (one an SM, as many as SMs): a tile's owner waits for the other blocks.
-template <int NT>
-__global__ void __launch_bounds__(kWideWarps * 32, 1)
-    qgemv_wide_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, W4Tiled w,
-                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, WideDeal deal, int T,
-                      int N, int S) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [S]: the stage's copies have landed
-  uint64_t* empty = full + S;                               // [S]: the 8 warps have read it
-  // The stages, 1024-byte aligned for the swizzled inputs: weights [16 row blocks][unit_bytes],
-  // then the inputs [4 chunks][x_rows][128 bytes].
-  unsigned char* ring = reinterpret_cast<unsigned char*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + mbar_array_bytes(2 * S) + 1023) / 1024 * 1024);
-  const int x_rows = wide_x_rows(T), wbytes = wide_weight_bytes(w.unit_bytes);
-  const int stage_bytes = wbytes + kUnitChunks * x_rows * 128;
-  auto weights_of = [&](int slot, int b) { return ring + slot * stage_bytes + b * w.unit_bytes; };
-  auto inputs_of = [&](int slot, int c) { return ring + slot * stage_bytes + wbytes + c * x_rows * 128; };
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n_rb = (N + 15) / 16;
-  const int64_t f0 = deal.begin(blockIdx.x), f1 = deal.begin(blockIdx.x + 1);
-  const int n_steps = static_cast<int>(f1 - f0);
-  if (threadIdx.x == 0) {
-    for (int i = 0; i < S; ++i) {
-      mbar_init(&full[i], 1);
-      mbar_init(&empty[i], kWideWarps);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
+// A launch's stages and its block's stretch of the deal, shared by this kernel and its wgmma form
+// (qgemv_wgmma.cuh): S slots after 2 S mbarriers (full: the slot's copies have landed; empty: the
+// 8 warps have read it), 1024-byte aligned for the swizzled inputs, each the tile's weights of a
+// unit ([16 row blocks][unit_bytes], rounded up to 1024 bytes) then the inputs of its 4 chunks
+// ([x_rows][128 bytes] each). Stage i of the block is deal stage f0 + i, in slot i % S.
+struct WideStages {
+  const CUtensorMap* wmap;
+  const CUtensorMap* xmap;
+  W4Tiled w;
+  WideDeal deal;
+  int T, S, x_rows, wbytes, stage_bytes, n_steps;
+  int64_t f0;
+  uint64_t* full;
+  uint64_t* empty;
+  unsigned char* ring;
 
-  // Stage i into slot i % S, by one thread: the tile's weights of the unit, then the inputs of its
-  // chunks (x comes from the previous kernel: only after pdl_wait).
-  auto chunks_of = [&](int64_t f) {
+  __device__ __forceinline__ WideStages(unsigned char* smem, const CUtensorMap* wmap_, const CUtensorMap* xmap_,
+                                        const W4Tiled& w_, const WideDeal& deal_, int T_, int S_, int x_rows_)
+      : wmap(wmap_),
+        xmap(xmap_),
+        w(w_),
+        deal(deal_),
+        T(T_),
+        S(S_),
+        x_rows(x_rows_),
+        wbytes(wide_weight_bytes(w_.unit_bytes)),
+        stage_bytes(wbytes + kUnitChunks * x_rows_ * 128),
+        n_steps(static_cast<int>(deal_.begin(blockIdx.x + 1) - deal_.begin(blockIdx.x))),
+        f0(deal_.begin(blockIdx.x)),
+        full(reinterpret_cast<uint64_t*>(smem)),
+        empty(full + S_),
+        ring(reinterpret_cast<unsigned char*>(
+            (reinterpret_cast<uintptr_t>(smem) + mbar_array_bytes(2 * S_) + 1023) / 1024 * 1024)) {}
+
+  __device__ __forceinline__ unsigned char* weights(int slot, int b) const {
+    return ring + slot * stage_bytes + b * w.unit_bytes;
+  }
+  __device__ __forceinline__ unsigned char* inputs(int slot, int c) const {
+    return ring + slot * stage_bytes + wbytes + c * x_rows * 128;
+  }
+  __device__ __forceinline__ int chunks(int64_t f) const {
     return min(kUnitChunks, w.n_chunks - static_cast<int>(f % deal.units) * kUnitChunks);
-  };
-  auto issue_weights = [&](int i) {
+  }
+  // Stage i into slot i % S, by one thread: the tile's weights of the unit, then the inputs of its
+  // chunks.
+  __device__ __forceinline__ void issue_weights(int i) const {
     const int64_t f = f0 + i;
     const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units);
-    mbar_arrive_expect_tx(&full[i % S], kWideTileBlocks * w.unit_bytes + chunks_of(f) * T * 128);
-    tensor_copy_3d(weights_of(i % S, 0), &wmap, 0, u * (w.unit_bytes / 64), tile * kWideTileBlocks, &full[i % S]);
-  };
-  auto issue_inputs = [&](int i) {
-    const int64_t f = f0 + i;
-    const int u = static_cast<int>(f % deal.units), nch = chunks_of(f);
-    for (int c = 0; c < nch; ++c)
-      tensor_copy_2d(inputs_of(i % S, c), &xmap, (u * kUnitChunks + c) * kChunk, 0, &full[i % S]);
-  };
-  const int first = min(S, n_steps);
-  if (threadIdx.x == 0)
-    for (int i = 0; i < first; ++i) issue_weights(i);  // no kernel writes weights
-  pdl_wait();  // x comes from the previous kernel; out and partial may still be read by it
-  pdl_trigger();
-  if (threadIdx.x == 0)
-    for (int i = 0; i < first; ++i) issue_inputs(i);
-
-  const int g = lane / 4, q4 = lane % 4;
-  // The lane's token rows in a chunk's inputs (lanes past T read the last token's row; their
-  // columns are never stored): byte offsets, and the 128-byte swizzle's 16-byte XOR of the row.
-  int xrow[NT], xsw[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    const int t = min(nt * 8 + g, T - 1);
-    xrow[nt] = t * 128;
-    xsw[nt] = t & 7;
+    mbar_arrive_expect_tx(&full[i % S], kWideTileBlocks * w.unit_bytes + chunks(f) * T * 128);
+    tensor_copy_3d(weights(i % S, 0), wmap, 0, u * (w.unit_bytes / 64), tile * kWideTileBlocks, &full[i % S]);
   }
-  float acc[kWideR][NT][4] = {};
+  __device__ __forceinline__ void issue_inputs(int i) const {
+    const int64_t f = f0 + i;
+    const int u = static_cast<int>(f % deal.units), nch = chunks(f);
+    for (int c = 0; c < nch; ++c)
+      tensor_copy_2d(inputs(i % S, c), xmap, (u * kUnitChunks + c) * kChunk, 0, &full[i % S]);
+  }
+  // The barriers, then the first S stages by thread 0: their weights at once (no kernel writes
+  // weights), their inputs after pdl_wait (x comes from the previous kernel; out and partial may
+  // still be read by it).
+  __device__ __forceinline__ void start() const {
+    if (threadIdx.x == 0) {
+      for (int i = 0; i < S; ++i) {
+        mbar_init(&full[i], 1);
+        mbar_init(&empty[i], kWideWarps);
+      }
+      mbar_init_fence();
+    }
+    __syncthreads();
+    const int first = min(S, n_steps);
+    if (threadIdx.x == 0)
+      for (int i = 0; i < first; ++i) issue_weights(i);
+    pdl_wait();
+    pdl_trigger();
+    if (threadIdx.x == 0)
+      for (int i = 0; i < first; ++i) issue_inputs(i);
+  }
+  __device__ __forceinline__ void wait_full(int i) const { mbar_wait(&full[i % S], (i / S) & 1); }
+  // The warp is done with stage i (every lane has read the slot): lane 0 arrives on its empty
+  // barrier, and lane 0 of the warps in turn refills the slot with stage i + S once all eight have.
+  __device__ __forceinline__ void release(int i, int warp, int lane) const {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[i % S]);
+    if (warp == i % kWideWarps && lane == 0 && i + S < n_steps) {
+      mbar_wait(&empty[i % S], (i / S) & 1);
+      issue_weights(i + S);
+      issue_inputs(i + S);
+    }
+  }
+};
 
-  // The tile's results. A block holding all of its K stores them. Else the block holding its
-  // first units (the owner: it reaches them last in its stretch, so the others are done by then)
-  // waits for the other blocks' partials, adds them to its own in block order and stores; the
-  // others write partials and arrive on the tile's counter.
-  auto flush = [&](int tile) {
-    const int seg = blockIdx.x - deal.first_block(tile), segs = deal.n_blocks(tile);
-    // A partial is the block's accumulators as they lie in registers: float4 [kWideR * NT][256
-    // threads] (each thread's four of a tile nt), slot (seg - 1) * tiles + tile.
-    auto slot_of = [&](int sg) {
-      return reinterpret_cast<float4*>(partial) + (int64_t(sg - 1) * deal.tiles + tile) * (kWideR * NT * 256) +
-             threadIdx.x;
-    };
-    if (seg > 0) {
-      float4* mine = slot_of(seg);
+// A tile's results, acc[r] the warp's accumulators (m16n8 layout) of row block row_block(r), when
+// the block's stretch reaches its last unit or ends. A block holding all of its K stores them.
+// Else the block holding its first units (the owner: it reaches them last in its stretch, so the
+// others are done by then) waits for the other blocks' partials, adds them to its own in block
+// order and stores; the others write partials and arrive on the tile's counter. The accumulators
+// are zero after. AllLoads: all of a partial's loads in flight at once, else one at a time.
+template <int NT, bool AllLoads, class RowBlock>
+__device__ __forceinline__ void wide_flush(float (&acc)[kWideR][NT][4], int tile, const WideDeal& deal,
+                                           float* __restrict__ partial, int* __restrict__ counters,
+                                           const OutParts& out, int T, int N, int lane, RowBlock row_block) {
+  const int seg = blockIdx.x - deal.first_block(tile), segs = deal.n_blocks(tile);
+  // A partial is the block's accumulators as they lie in registers: float4 [kWideR * NT][256
+  // threads] (each thread's four of a tile nt), slot (seg - 1) * tiles + tile.
+  auto slot_of = [&](int sg) {
+    return reinterpret_cast<float4*>(partial) + (int64_t(sg - 1) * deal.tiles + tile) * (kWideR * NT * 256) +
+           threadIdx.x;
+  };
+  if (seg > 0) {
+    float4* mine = slot_of(seg);
 #pragma unroll
-      for (int r = 0; r < kWideR; ++r)
+    for (int r = 0; r < kWideR; ++r)
 #pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-          mine[(r * NT + nt) * 256] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
-      // As store_results: one release arrival for the block after a block barrier.
-      __syncthreads();
-      if (threadIdx.x == 0) atomic_add_acq_rel_gpu(&counters[tile], 1);
-    } else {
-      if (segs > 1) {
-        if (threadIdx.x == 0) {
-          while (load_acquire_gpu(&counters[tile]) < segs - 1) __nanosleep(64);
-          counters[tile] = 0;  // every other block has arrived: ready for the next launch
-        }
-        __syncthreads();  // the other blocks' partials are visible to every thread after it
-        for (int sg = 1; sg < segs; ++sg) {
-          const float4* theirs = slot_of(sg);
-          float4 v[kWideR][NT];  // all of a partial's loads in flight at once
+      for (int nt = 0; nt < NT; ++nt)
+        mine[(r * NT + nt) * 256] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
+    // As store_results: one release arrival for the block after a block barrier.
+    __syncthreads();
+    if (threadIdx.x == 0) atomic_add_acq_rel_gpu(&counters[tile], 1);
+  } else {
+    if (segs > 1) {
+      if (threadIdx.x == 0) {
+        while (load_acquire_gpu(&counters[tile]) < segs - 1) __nanosleep(64);
+        counters[tile] = 0;  // every other block has arrived: ready for the next launch
+      }
+      __syncthreads();  // the other blocks' partials are visible to every thread after it
+      for (int sg = 1; sg < segs; ++sg) {
+        const float4* theirs = slot_of(sg);
+        if constexpr (AllLoads) {
+          float4 v[kWideR][NT];
 #pragma unroll
           for (int r = 0; r < kWideR; ++r)
 #pragma unroll
@@ -200,29 +225,69 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
               acc[r][nt][2] += v[r][nt].z;
               acc[r][nt][3] += v[r][nt].w;
             }
+        } else {
+#pragma unroll
+          for (int r = 0; r < kWideR; ++r)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+              const float4 v = __ldcg(theirs + (r * NT + nt) * 256);
+              acc[r][nt][0] += v.x;
+              acc[r][nt][1] += v.y;
+              acc[r][nt][2] += v.z;
+              acc[r][nt][3] += v.w;
+            }
         }
       }
-#pragma unroll
-      for (int r = 0; r < kWideR; ++r)
-        store_row_block<NT>(acc[r], out, T, N, tile * kWideTileBlocks + warp * kWideR + r, lane);
     }
 #pragma unroll
-    for (int r = 0; r < kWideR; ++r)
+    for (int r = 0; r < kWideR; ++r) store_row_block<NT>(acc[r], out, T, N, row_block(r), lane);
+  }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+  for (int r = 0; r < kWideR; ++r)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
-  };
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+}
+
+// wmap: the tiled weight as u32 [n_rb][n_units * unit_bytes / 64][16], box [16][unit_bytes / 64][16]
+// (one unit of a tile's 16 row blocks; rows past N zero-filled). xmap: x bf16 [T][K], box [T][64]
+// (one chunk of every token) with the 128-byte swizzle. partial f32 [wide_partial_floats],
+// counters i32 [tiles], zero between launches. S = kWideStages (a parameter: as a constant, ptxas
+// spills at 8 token tiles). Every block of the launch must be resident at
+// once (one an SM, as many as SMs): a tile's owner waits for the other blocks.
+template <int NT>
+__global__ void __launch_bounds__(kWideWarps * 32, 1)
+    qgemv_wide_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, W4Tiled w,
+                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, WideDeal deal, int T,
+                      int N, int S) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const WideStages st(smem_raw, &wmap, &xmap, w, deal, T, S, wide_x_rows(T));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n_rb = (N + 15) / 16;
+  st.start();
+
+  const int g = lane / 4, q4 = lane % 4;
+  // The lane's token rows in a chunk's inputs (lanes past T read the last token's row; their
+  // columns are never stored): byte offsets, and the 128-byte swizzle's 16-byte XOR of the row.
+  int xrow[NT], xsw[NT];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int t = min(nt * 8 + g, T - 1);
+    xrow[nt] = t * 128;
+    xsw[nt] = t & 7;
+  }
+  float acc[kWideR][NT][4] = {};
 
   int soff[kUnitChunks];
 #pragma unroll
   for (int u = 0; u < kUnitChunks; ++u) soff[u] = (u >> w.slot_shift) * 8;
-  for (int i = 0; i < n_steps; ++i) {
-    const int64_t f = f0 + i;
+  for (int i = 0; i < st.n_steps; ++i) {
+    const int64_t f = st.f0 + i;
     const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units), slot = i % S;
-    const int nch = min(kUnitChunks, w.n_chunks - u * kUnitChunks);
+    const int nch = st.chunks(f);
     const int rb0 = tile * kWideTileBlocks + warp * kWideR;  // the warp's first row block
-    mbar_wait(&full[slot], (i / S) & 1);
+    st.wait_full(i);
     if (rb0 < n_rb) {
 #pragma unroll
       for (int c = 0; c < kUnitChunks; ++c) {
@@ -231,7 +296,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
         float2 sv[kWideR];
 #pragma unroll
         for (int r = 0; r < kWideR; ++r) {
-          const unsigned char* unit = weights_of(slot, warp * kWideR + r);
+          const unsigned char* unit = st.weights(slot, warp * kWideR + r);
           wv[r] = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes)[c * 32 + lane];
           sv[r] = reinterpret_cast<const float2*>(unit)[soff[c] + g];
         }
@@ -241,7 +306,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
           uint4 xv[NT];
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
-            xv[nt] = *reinterpret_cast<const uint4*>(inputs_of(slot, c) + xrow[nt] +
+            xv[nt] = *reinterpret_cast<const uint4*>(st.inputs(slot, c) + xrow[nt] +
                                                      (((2 * q4 + h) ^ xsw[nt]) << 4));
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj)
@@ -267,15 +332,10 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
           }
       }
     }
-    __syncwarp();  // every lane has read the slot
-    if (lane == 0) mbar_arrive(&empty[slot]);
-    // The slot's next stage, by the warps in turn once all eight have read this one.
-    if (warp == i % kWideWarps && lane == 0 && i + S < n_steps) {
-      mbar_wait(&empty[slot], (i / S) & 1);
-      issue_weights(i + S);
-      issue_inputs(i + S);
-    }
-    if (u == deal.units - 1 || i == n_steps - 1) flush(tile);
+    st.release(i, warp, lane);
+    if (u == deal.units - 1 || i == st.n_steps - 1)
+      wide_flush<NT, true>(acc, tile, deal, partial, counters, out, T, N, lane,
+                           [&](int r) { return tile * kWideTileBlocks + warp * kWideR + r; });
   }
 }
 

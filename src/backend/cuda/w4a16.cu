@@ -317,7 +317,8 @@ void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* 
             static_cast<long long>(partial ? int64_t(splits) * T * N : 0), static_cast<long long>(need), N, K);
   // At least half an SM's shared memory, so that no SM takes two blocks while another has none (the
   // deal gives each SM one; at 16 tokens two blocks fit an SM by registers and stages alone).
-  const size_t ring = Wg ? qgemv::wgmma_smem_bytes(NT, w.unit_bytes) : qgemv::wide_smem_bytes(T, w.unit_bytes);
+  // (The wgmma kernel's stages hold inputs for all its 8 NT token rows.)
+  const size_t ring = qgemv::wide_smem_bytes(Wg ? 8 * NT : T, w.unit_bytes);
   const size_t smem = std::max(ring, size_t(max_smem) / 2 + 1024);
   DS_ASSERT(smem <= size_t(max_smem), "W4A16 wide GEMV: %zu bytes of shared memory, the GPU allows %d", smem,
             max_smem);
