@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The SASS (sm_90 machine code) of one of the project's CUDA sources, on a machine without a GPU:
+# The SASS (sm_90a machine code) of one of the project's CUDA sources, on a machine without a GPU:
 # to count what a kernel's loop costs a stage, or see where a load or a request sits, before a
 # device call measures it. CUDA 13's nvcc here has no disassembler, so this fetches Debian's
 # nvidia-cuda-toolkit 11.8 (non-free; its nvdisasm knows sm_90) into .cache/sass once, compiles the
@@ -43,7 +43,7 @@ fi
 
 name=$(basename "$src" .cu)
 by_line=${SASS_BY_LINE:-}
-"$nvcc" -cubin -arch=sm_90 -O3 -DNDEBUG -std=c++20 -Isrc ${by_line:+-lineinfo} "$@" "$src" -o "$dir/$name.cubin"
+"$nvcc" -cubin -gencode arch=compute_90a,code=sm_90a -O3 -DNDEBUG -std=c++20 -Isrc ${by_line:+-lineinfo} "$@" "$src" -o "$dir/$name.cubin"
 python3 tools/sass_stats.py retag "$dir/$name.cubin" "$dir/$name.old.cubin"
 "$dir/nvdisasm" -c ${by_line:+-gi} "$dir/$name.old.cubin" > "$dir/$name.sass"
 python3 tools/sass_stats.py loops "$dir/$name.sass" "$kernel" --demangle "$dir/cu++filt"

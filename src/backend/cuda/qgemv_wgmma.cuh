@@ -21,12 +21,15 @@
 //   writes them, [tokens][64 columns], which is wgmma's K-major layout with that swizzle; a k-step
 //   is the chunk's descriptor advanced by 32 bytes, the second 64 tokens 8 KB further.
 //
-// A block is two warpgroups; warpgroup h computes the tile's row blocks [8 h, 8 h + 8) as two m64
-// tiles (warp w of it row blocks 8 h + w and 8 h + 4 + w) of 8 NT tokens (NT 8 or 16: one or two
-// halves of 64). Per chunk each warpgroup builds its A operands, then per (m64 tile, half) issues
-// 4 wgmma, waits and scales; the two warpgroups overlap one's waits and scaling with the other's
-// tensor-core work. At 9-32 tokens the mma.sync wide kernel stays faster (C16 10.6 against 12.3
-// ms, verify 16 10.0 against 11.7; H100, docs/perf/2026-12-05-s62-cuda-27b.md).
+// A block holds the tile's 4 m64 tiles (warp w of a warpgroup: row block 4 t + w of m64 tile t)
+// of 8 NT tokens (NT 8 or 16: one or two halves of 64), M of them a warpgroup: at 64 tokens 4
+// warpgroups of one tile (126 registers a thread), at 128 tokens 2 of two (254 registers: its
+// accumulators of 128 tokens would not fit the 128 a thread of 4 warpgroups). Per chunk each warpgroup builds its A operands, then per (m64
+// tile, half) issues 4 wgmma, waits and scales; the warpgroups overlap one's waits and scaling with
+// the others' tensor-core work. 4 warpgroups against 2 at 64 tokens: C48 19.39-19.41 ms against
+// 20.18-20.19, C64 21.12-21.15 against 21.93-21.96 (H100, docs/perf/2026-12-05-s63-cuda-27b.md).
+// At 9-32 tokens the mma.sync wide kernel stays faster (C16 10.6 against 12.3 ms, verify 16 10.0
+// against 11.7; H100, docs/perf/2026-12-05-s62-cuda-27b.md).
 #pragma once
 
 #include <cuda.h>
@@ -88,18 +91,22 @@ __device__ __forceinline__ void wgmma_keep(float (&d)[8][4]) {
 
 // The kernel's parameters are the wide kernel's (qgemv_wide_kernel), S = kWideStages; its stages
 // hold inputs for all 8 NT token rows (wide_smem_bytes(8 NT, ...)), since wgmma reads them all
-// (those past T hold stale values whose outputs are never stored). Built for sm_90a only:
-// elsewhere it traps, and the launcher never picks it (w4a16.cu).
-template <int NT>
-__global__ void __launch_bounds__(kWideThreads, 1)
+// (those past T hold stale values whose outputs are never stored). M: m64 tiles a warpgroup, so
+// 4 / M warpgroups a block (wgmma_threads). Built for sm_90a only: elsewhere it traps, and the
+// launcher never picks it (w4a16.cu).
+__host__ __device__ constexpr int wgmma_threads(int M) { return 4 / M * 128; }
+template <int NT, int M>
+__global__ void __launch_bounds__(wgmma_threads(M), 1)
     qgemv_wgmma_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, W4Tiled w,
                        OutParts out, float* __restrict__ partial, int* __restrict__ counters, WideDeal deal, int T,
                        int N, int S) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(kWideThreads == 256 && kWideR == 2 && kWideTileBlocks == 16, "two warpgroups of two m64 tiles");
+  static_assert(kWideTileBlocks == 16, "four m64 tiles a tile");
   static_assert(NT == 8 || NT == 16, "halves of 64 tokens");
+  static_assert(M == 1 || M == 2, "one or two m64 tiles a warpgroup");
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const WideStages st(smem_raw, &wmap, &xmap, w, deal, T, S, 8 * NT);  // wgmma reads all 8 NT rows
+  // wgmma reads all 8 NT rows
+  const WideStages st(smem_raw, &wmap, &xmap, w, deal, T, S, 8 * NT, wgmma_threads(M) / 32);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wq = warp % 4;
   st.start();
 
@@ -108,9 +115,9 @@ __global__ void __launch_bounds__(kWideThreads, 1)
   const int g = lane / 4, q4 = lane % 4;
   const bool odd_words = q4 >= 2;
   const uint32_t perm = (q4 & 1) ? 0x7351u : 0x6240u;
-  float acc[2][NT][4] = {};
+  float acc[M][NT][4] = {};
   // The warp's row block of its m64 tile m in the tile (a stage's weights).
-  auto local_rb = [&](int m) { return wg * 8 + m * 4 + wq; };
+  auto local_rb = [&](int m) { return (wg * M + m) * 4 + wq; };
 
   float sums[8][4] = {};  // one m64 tile's sums of a chunk for 64 tokens, before the scales
   for (int i = 0; i < st.n_steps; ++i) {
@@ -120,10 +127,10 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     st.wait_full(i);
 #pragma unroll 1
     for (int c = 0; c < nch; ++c) {
-      uint32_t a[2][4][4];  // bf16x2 [m64 tile][k-step][register]: the codes q - 8
-      float2 s[2];          // the scales of rows g and g + 8
+      uint32_t a[M][4][4];  // bf16x2 [m64 tile][k-step][register]: the codes q - 8
+      float2 s[M];          // the scales of rows g and g + 8
 #pragma unroll
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < M; ++m) {
         const unsigned char* unit = st.weights(slot, local_rb(m));
         s[m] = reinterpret_cast<const float2*>(unit)[(c >> w.slot_shift) * 8 + g];
         const uint4* chunk = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes + c * kChunkBytes);
@@ -136,7 +143,7 @@ __global__ void __launch_bounds__(kWideThreads, 1)
         }
       }
 #pragma unroll
-      for (int m = 0; m < 2; ++m)
+      for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int h = 0; h < NT / 8; ++h) {  // tokens [64 h, 64 h + 64)
           wgmma_fence();
@@ -160,8 +167,8 @@ __global__ void __launch_bounds__(kWideThreads, 1)
     st.release(i, warp, lane);  // the warp's wgmma have read the slot (waited for above)
     // Partials loaded one at a time: at 128 tokens no registers are left for all of them at once.
     if (u == deal.units - 1 || i == st.n_steps - 1)
-      wide_flush<NT, false>(acc, tile, deal, partial, counters, out, T, N, lane,
-                            [&](int m) { return tile * kWideTileBlocks + local_rb(m); });
+      wide_flush<NT, false, M>(acc, tile, deal, partial, counters, out, T, N, lane,
+                               [&](int m) { return tile * kWideTileBlocks + local_rb(m); });
   }
 #else
   __trap();

@@ -85,7 +85,7 @@ __device__ __forceinline__ void tensor_copy_3d(void* dst, const CUtensorMap* map
 
 // A launch's stages and its block's stretch of the deal, shared by this kernel and its wgmma form
 // (qgemv_wgmma.cuh): S slots after 2 S mbarriers (full: the slot's copies have landed; empty: the
-// 8 warps have read it), 1024-byte aligned for the swizzled inputs, each the tile's weights of a
+// block's warps have read it), 1024-byte aligned for the swizzled inputs, each the tile's weights of a
 // unit ([16 row blocks][unit_bytes], rounded up to 1024 bytes) then the inputs of its 4 chunks
 // ([x_rows][128 bytes] each). Stage i of the block is deal stage f0 + i, in slot i % S.
 struct WideStages {
@@ -93,14 +93,15 @@ struct WideStages {
   const CUtensorMap* xmap;
   W4Tiled w;
   WideDeal deal;
-  int T, S, x_rows, wbytes, stage_bytes, n_steps;
+  int T, S, x_rows, warps, wbytes, stage_bytes, n_steps;
   int64_t f0;
   uint64_t* full;
   uint64_t* empty;
   unsigned char* ring;
 
   __device__ __forceinline__ WideStages(unsigned char* smem, const CUtensorMap* wmap_, const CUtensorMap* xmap_,
-                                        const W4Tiled& w_, const WideDeal& deal_, int T_, int S_, int x_rows_)
+                                        const W4Tiled& w_, const WideDeal& deal_, int T_, int S_, int x_rows_,
+                                        int warps_)
       : wmap(wmap_),
         xmap(xmap_),
         w(w_),
@@ -108,14 +109,18 @@ struct WideStages {
         T(T_),
         S(S_),
         x_rows(x_rows_),
+        warps(warps_),
         wbytes(wide_weight_bytes(w_.unit_bytes)),
         stage_bytes(wbytes + kUnitChunks * x_rows_ * 128),
         n_steps(static_cast<int>(deal_.begin(blockIdx.x + 1) - deal_.begin(blockIdx.x))),
         f0(deal_.begin(blockIdx.x)),
         full(reinterpret_cast<uint64_t*>(smem)),
         empty(full + S_),
-        ring(reinterpret_cast<unsigned char*>(
-            (reinterpret_cast<uintptr_t>(smem) + mbar_array_bytes(2 * S_) + 1023) / 1024 * 1024)) {}
+        // An offset from the shared array rather than an address made from an integer, so that
+        // the compiler reads the stages with LDS, not generic loads (C32 14.44-14.53 ms against
+        // 14.97-15.02, verify 16 9.69-9.71 against 9.96-9.98; H100, docs/perf/
+        // 2026-12-05-s63-cuda-27b.md).
+        ring(smem + (((smem_u32(smem) + mbar_array_bytes(2 * S_) + 1023) & ~1023u) - smem_u32(smem))) {}
 
   __device__ __forceinline__ unsigned char* weights(int slot, int b) const {
     return ring + slot * stage_bytes + b * w.unit_bytes;
@@ -147,7 +152,7 @@ struct WideStages {
     if (threadIdx.x == 0) {
       for (int i = 0; i < S; ++i) {
         mbar_init(&full[i], 1);
-        mbar_init(&empty[i], kWideWarps);
+        mbar_init(&empty[i], warps);
       }
       mbar_init_fence();
     }
@@ -162,11 +167,11 @@ struct WideStages {
   }
   __device__ __forceinline__ void wait_full(int i) const { mbar_wait(&full[i % S], (i / S) & 1); }
   // The warp is done with stage i (every lane has read the slot): lane 0 arrives on its empty
-  // barrier, and lane 0 of the warps in turn refills the slot with stage i + S once all eight have.
+  // barrier, and lane 0 of the warps in turn refills the slot with stage i + S once all have.
   __device__ __forceinline__ void release(int i, int warp, int lane) const {
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[i % S]);
-    if (warp == i % kWideWarps && lane == 0 && i + S < n_steps) {
+    if (warp == i % warps && lane == 0 && i + S < n_steps) {
       mbar_wait(&empty[i % S], (i / S) & 1);
       issue_weights(i + S);
       issue_inputs(i + S);
@@ -179,25 +184,27 @@ struct WideStages {
 // Else the block holding its first units (the owner: it reaches them last in its stretch, so the
 // others are done by then) waits for the other blocks' partials, adds them to its own in block
 // order and stores; the others write partials and arrive on the tile's counter. The accumulators
-// are zero after. AllLoads: all of a partial's loads in flight at once, else one at a time.
-template <int NT, bool AllLoads, class RowBlock>
-__device__ __forceinline__ void wide_flush(float (&acc)[kWideR][NT][4], int tile, const WideDeal& deal,
+// are zero after. R: row blocks a warp (the block's threads: kWideTileBlocks / R warps). AllLoads:
+// all of a partial's loads in flight at once, else one at a time.
+template <int NT, bool AllLoads, int R, class RowBlock>
+__device__ __forceinline__ void wide_flush(float (&acc)[R][NT][4], int tile, const WideDeal& deal,
                                            float* __restrict__ partial, int* __restrict__ counters,
                                            const OutParts& out, int T, int N, int lane, RowBlock row_block) {
+  constexpr int kThreads = kWideTileBlocks / R * 32;
   const int seg = blockIdx.x - deal.first_block(tile), segs = deal.n_blocks(tile);
-  // A partial is the block's accumulators as they lie in registers: float4 [kWideR * NT][256
-  // threads] (each thread's four of a tile nt), slot (seg - 1) * tiles + tile.
+  // A partial is the block's accumulators as they lie in registers: float4 [R * NT][kThreads]
+  // (each thread's four of a tile nt), slot (seg - 1) * tiles + tile.
   auto slot_of = [&](int sg) {
-    return reinterpret_cast<float4*>(partial) + (int64_t(sg - 1) * deal.tiles + tile) * (kWideR * NT * 256) +
+    return reinterpret_cast<float4*>(partial) + (int64_t(sg - 1) * deal.tiles + tile) * (R * NT * kThreads) +
            threadIdx.x;
   };
   if (seg > 0) {
     float4* mine = slot_of(seg);
 #pragma unroll
-    for (int r = 0; r < kWideR; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
-        mine[(r * NT + nt) * 256] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
+        mine[(r * NT + nt) * kThreads] = make_float4(acc[r][nt][0], acc[r][nt][1], acc[r][nt][2], acc[r][nt][3]);
     // As store_results: one release arrival for the block after a block barrier.
     __syncthreads();
     if (threadIdx.x == 0) atomic_add_acq_rel_gpu(&counters[tile], 1);
@@ -211,13 +218,13 @@ __device__ __forceinline__ void wide_flush(float (&acc)[kWideR][NT][4], int tile
       for (int sg = 1; sg < segs; ++sg) {
         const float4* theirs = slot_of(sg);
         if constexpr (AllLoads) {
-          float4 v[kWideR][NT];
+          float4 v[R][NT];
 #pragma unroll
-          for (int r = 0; r < kWideR; ++r)
+          for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) v[r][nt] = __ldcg(theirs + (r * NT + nt) * 256);
+            for (int nt = 0; nt < NT; ++nt) v[r][nt] = __ldcg(theirs + (r * NT + nt) * kThreads);
 #pragma unroll
-          for (int r = 0; r < kWideR; ++r)
+          for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
               acc[r][nt][0] += v[r][nt].x;
@@ -227,10 +234,10 @@ __device__ __forceinline__ void wide_flush(float (&acc)[kWideR][NT][4], int tile
             }
         } else {
 #pragma unroll
-          for (int r = 0; r < kWideR; ++r)
+          for (int r = 0; r < R; ++r)
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
-              const float4 v = __ldcg(theirs + (r * NT + nt) * 256);
+              const float4 v = __ldcg(theirs + (r * NT + nt) * kThreads);
               acc[r][nt][0] += v.x;
               acc[r][nt][1] += v.y;
               acc[r][nt][2] += v.z;
@@ -240,10 +247,10 @@ __device__ __forceinline__ void wide_flush(float (&acc)[kWideR][NT][4], int tile
       }
     }
 #pragma unroll
-    for (int r = 0; r < kWideR; ++r) store_row_block<NT>(acc[r], out, T, N, row_block(r), lane);
+    for (int r = 0; r < R; ++r) store_row_block<NT>(acc[r], out, T, N, row_block(r), lane);
   }
 #pragma unroll
-  for (int r = 0; r < kWideR; ++r)
+  for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -262,7 +269,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
                       OutParts out, float* __restrict__ partial, int* __restrict__ counters, WideDeal deal, int T,
                       int N, int S) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const WideStages st(smem_raw, &wmap, &xmap, w, deal, T, S, wide_x_rows(T));
+  const WideStages st(smem_raw, &wmap, &xmap, w, deal, T, S, wide_x_rows(T), kWideWarps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n_rb = (N + 15) / 16;
   st.start();
@@ -334,7 +341,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
     }
     st.release(i, warp, lane);
     if (u == deal.units - 1 || i == st.n_steps - 1)
-      wide_flush<NT, true>(acc, tile, deal, partial, counters, out, T, N, lane,
+      wide_flush<NT, true, kWideR>(acc, tile, deal, partial, counters, out, T, N, lane,
                            [&](int r) { return tile * kWideTileBlocks + warp * kWideR + r; });
   }
 }

@@ -264,18 +264,19 @@ bool takes_wgmma() { return g_wgmma && w4a16_gemv_tma() && g_wide; }
 // kernel's 16).
 int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : T <= 64 ? 8 : qgemv::kWgmmaTiles; }
 
-// The kernel of a wide launch: the wgmma form (Wg; 8 or 16 tiles) or the mma.sync one.
-template <int NT, bool Wg>
+// The kernel of a wide launch: the wgmma form (Wg; 8 or 16 tiles, M m64 tiles a warpgroup) or the
+// mma.sync one.
+template <int NT, bool Wg, int M>
 auto wide_kernel() {
-  if constexpr (Wg) return qgemv::qgemv_wgmma_kernel<NT>;
+  if constexpr (Wg) return qgemv::qgemv_wgmma_kernel<NT, M>;
   else return qgemv::qgemv_wide_kernel<NT>;
 }
 
 // A wide kernel's dynamic shared-memory limit raised to the opt-in maximum, once per instance;
 // returns that maximum.
-template <int NT, bool Wg>
+template <int NT, bool Wg, int M>
 int wide_ready() {
-  static const int max_smem = raise_dynamic_smem_limit(reinterpret_cast<const void*>(wide_kernel<NT, Wg>()));
+  static const int max_smem = raise_dynamic_smem_limit(reinterpret_cast<const void*>(wide_kernel<NT, Wg, M>()));
   return max_smem;
 }
 
@@ -304,10 +305,11 @@ CUtensorMap tensor_map(CUtensorMapDataType type, int rank, const void* base, con
   return m;
 }
 
-template <int NT, bool Wg>
+// M: the wgmma form's m64 tiles a warpgroup (qgemv_wgmma.cuh).
+template <int NT, bool Wg, int M = 2>
 void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* partial, int* counters, int splits,
                  int T, int N, int K, cudaStream_t s) {
-  const int max_smem = wide_ready<NT, Wg>();
+  const int max_smem = wide_ready<NT, Wg, M>();
   const qgemv::WideDeal deal = qgemv::wide_deal(N, K, sm_count());
   DS_ASSERT(deal.tiles <= kGemvMaxSplitTiles, "W4A16 wide GEMV: %d tiles (N %d), counters for %d", deal.tiles, N,
             kGemvMaxSplitTiles);
@@ -336,9 +338,9 @@ void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* 
   const cuuint32_t xbox[2] = {qgemv::kChunk, cuuint32_t(T)};
   const CUtensorMap xmap =
       tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, xdims, xstrides, xbox, CU_TENSOR_MAP_SWIZZLE_128B);
-  launch_kernel(Wg ? "qgemv_wgmma" : "qgemv_wide", wide_kernel<NT, Wg>(), dim3(deal.blocks),
-                dim3(qgemv::kWideThreads), smem, s, wmap, xmap, w, parts, partial, counters, deal, T, N,
-                qgemv::kWideStages);
+  const int threads = Wg ? qgemv::wgmma_threads(M) : qgemv::kWideThreads;
+  launch_kernel(Wg ? "qgemv_wgmma" : "qgemv_wide", wide_kernel<NT, Wg, M>(), dim3(deal.blocks), dim3(threads), smem,
+                s, wmap, xmap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
 }
 
 // A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp; TMA kernel:
@@ -505,8 +507,9 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
     DS_ASSERT(gate == GemvGate::kNone, "W4A16 GEMV: no gated input at %d tokens", T);
     const int nt = wide_tiles(T);
     if (T >= qgemv::kWgmmaMinTokens && takes_wgmma()) {
-      if (nt == 8) launch_wide<8, true>(w, x, parts, partial, counters, splits, T, N, K, s);
-      else launch_wide<qgemv::kWgmmaTiles, true>(w, x, parts, partial, counters, splits, T, N, K, s);
+      // 33-64 tokens: 4 warpgroups of one m64 tile; 65-128: 2 of two (registers).
+      if (nt == 8) launch_wide<8, true, 1>(w, x, parts, partial, counters, splits, T, N, K, s);
+      else launch_wide<qgemv::kWgmmaTiles, true, 2>(w, x, parts, partial, counters, splits, T, N, K, s);
       return;
     }
     DS_ASSERT(nt <= 8, "W4A16 GEMV: %d tokens a launch without the wgmma kernel", T);
