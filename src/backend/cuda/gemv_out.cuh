@@ -61,7 +61,14 @@ struct OutParts {
   }
   __device__ __forceinline__ bool scales() const { return norm.ss && !norm.x; }
 
-  __device__ __forceinline__ void store(int t, int n, float v) const {
+  // Where row n's outputs lie: its place in its part for token 0, and the part's width (the row
+  // stride of its tokens). An epilogue storing many tokens of a row looks it up once.
+  struct Row {
+    __nv_bfloat16* at;
+    int ld;
+    __device__ __forceinline__ void store(int t, float v) const { at[int64_t(t) * ld] = to_bf16(v); }
+  };
+  __device__ __forceinline__ Row row(int n) const {
     __nv_bfloat16* base = ptr[0];
     int begin = 0, width = end[0];
 #pragma unroll
@@ -71,8 +78,9 @@ struct OutParts {
         begin = end[p - 1];
         width = end[p] - end[p - 1];
       }
-    base[int64_t(t) * width + (n - begin)] = to_bf16(v);
+    return {base + (n - begin), width};
   }
+  __device__ __forceinline__ void store(int t, int n, float v) const { row(n).store(t, v); }
   // swiglu[t, col] = silu(gate) * up of the pair's fp32 sums, each rounded to bf16 first (as the
   // GEMV's parts and then launch_silu_mul would give).
   __device__ __forceinline__ void store_swiglu(int t, int col, float gate, float up) const {
