@@ -66,7 +66,10 @@ struct OutParts {
   struct Row {
     __nv_bfloat16* at;
     int ld;
-    __device__ __forceinline__ void store(int t, float v) const { at[int64_t(t) * ld] = to_bf16(v); }
+    // (A 32-bit offset: a GEMV's outputs, T <= 128 tokens of a part, are far below 2^31 bytes.)
+    __device__ __forceinline__ void store(int t, float v) const {
+      *reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(at) + uint32_t(t) * uint32_t(2 * ld)) = to_bf16(v);
+    }
   };
   __device__ __forceinline__ Row row(int n) const {
     __nv_bfloat16* base = ptr[0];

@@ -221,7 +221,7 @@ void set_w4a16_gemv_wide(bool on);
 bool w4a16_gemv_wgmma();
 bool set_w4a16_gemv_wgmma(bool on);
 // The most tokens a step may have to take the GEMV (in slices) rather than dequantise + cuBLAS.
-// env DS_W4A16_GEMV_STEP_TOKENS (default 256).
+// env DS_W4A16_GEMV_STEP_TOKENS (default 448 with the wgmma kernel, else 256).
 int w4a16_gemv_step_tokens();
 
 // A read-only streaming probe (stream_probe.cu): GB/s read from a buffer of `megabytes` by

@@ -366,17 +366,18 @@ auto with_kernel(int T, F&& f) {
 
 }  // namespace
 
-// 256: in 128-token slices (the wgmma kernel) a step of 128, 256, 320 and 384 tokens takes 29.2,
-// 52.4, 77.1 and 76.0 ms against 59.9, 66.1, 78.4 and 74.8 by dequantise + cuBLAS, which is ahead
-// from 448 (85.9 against 100.8 ms; 27B shape, bench model's arena of step_scratch_bytes, H100,
-// docs/perf/2026-12-05-s62-cuda-27b.md). In 64-token slices (mma.sync), 160-256 tokens took
-// 47.8-66.7 ms against 79.8-85.2 (s61).
+// With the wgmma kernel 448: in its 128-token slices a step of 256, 320, 384, 448 and 512 tokens
+// takes 45.4, 57.9, 65.9, 78.2 and 85.9 ms against 70.2, 77.7, 80.0, 90.9 and 86.5 by dequantise +
+// cuBLAS (27B shape, bench model's arena of step_scratch_bytes, H100,
+// docs/perf/2026-12-05-s63-cuda-27b.md). Else 256: in 64-token slices (mma.sync) 256 tokens took
+// 66.9 ms against 66.1, 384 98.1 against 74.8 (s62), 160-256 tokens 47.8-66.7 against 79.8-85.2
+// (s61).
 int w4a16_gemv_step_tokens() {
-  static const int n = [] {
-    const char* env = std::getenv("DS_W4A16_GEMV_STEP_TOKENS");
-    return std::max(0, env ? std::atoi(env) : 256);
+  static const int env = [] {
+    const char* e = std::getenv("DS_W4A16_GEMV_STEP_TOKENS");
+    return e ? std::max(0, std::atoi(e)) : -1;
   }();
-  return n;
+  return env >= 0 ? env : takes_wgmma() ? 448 : 256;
 }
 int w4a16_gemv_tokens() {
   // 128 with the wgmma kernel (a 256-token step 52.4 ms against 66.9 in 64-token slices on
