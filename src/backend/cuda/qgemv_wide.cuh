@@ -84,10 +84,10 @@ __device__ __forceinline__ void tensor_copy_3d(void* dst, const CUtensorMap* map
 }
 
 // A launch's stages and its block's stretch of the deal, shared by this kernel and its wgmma form
-// (qgemv_wgmma.cuh): S slots after 2 S mbarriers (full: the slot's copies have landed; empty: the
-// block's warps have read it), 1024-byte aligned for the swizzled inputs, each the tile's weights of a
-// unit ([16 row blocks][unit_bytes], rounded up to 1024 bytes) then the inputs of its 4 chunks
-// ([x_rows][128 bytes] each). Stage i of the block is deal stage f0 + i, in slot i % S.
+// (qgemv_wgmma.cuh): S slots after 2 S mbarriers (full: the slot's copies have landed; empty:
+// the block's `warps` warps have read it), 1024-byte aligned for the swizzled inputs, each the
+// tile's weights of a unit ([16 row blocks][unit_bytes], rounded up to 1024 bytes) then the inputs
+// of its 4 chunks ([x_rows][128 bytes] each). Stage i of the block is deal stage f0 + i, in slot i % S.
 struct WideStages {
   const CUtensorMap* wmap;
   const CUtensorMap* xmap;
