@@ -264,6 +264,10 @@ bool takes_wgmma() { return g_wgmma && w4a16_gemv_tma() && g_wide; }
 // kernel's 16).
 int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : T <= 64 ? 8 : qgemv::kWgmmaTiles; }
 
+// The most tokens one launch takes: kW4A16GemvMaxTokens on the wgmma kernel, 64 (8 token tiles)
+// on the others.
+int launch_max_tokens() { return takes_wgmma() ? kW4A16GemvMaxTokens : 64; }
+
 // The kernel of a wide launch: the wgmma form (Wg; 8 or 16 tiles, M m64 tiles a warpgroup) or the
 // mma.sync one.
 template <int NT, bool Wg, int M>
@@ -386,8 +390,8 @@ int w4a16_gemv_tokens() {
   // an earlier form of it); the one-tile kernel was slower at 64 a launch (C64 47.3 against 42.2
   // ms: docs/perf/2026-12-01-s12-cuda-27b.md).
   // A setting above 64 holds with the wgmma kernel only: the other kernels take 64 at most.
-  if (g_tokens >= 0) return std::min(g_tokens, takes_wgmma() ? kW4A16GemvMaxTokens : 64);
-  return takes_wgmma() ? kW4A16GemvMaxTokens : w4a16_gemv_tma() && g_wide ? 64 : 32;
+  if (g_tokens >= 0) return std::min(g_tokens, launch_max_tokens());
+  return w4a16_gemv_tma() && g_wide ? launch_max_tokens() : 32;
 }
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
@@ -472,7 +476,7 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
                        int splits, int T, int N, int K, int group, cudaStream_t s, const bf16* xb, GemvGate gate,
                        GemvInt8In a8, const __half* x_f16) {
   if (T == 0) return;
-  DS_ASSERT(T <= (takes_wide(T) && takes_wgmma() ? kW4A16GemvMaxTokens : 64) && w4a16_tiled_supports(K, group),
+  DS_ASSERT(T <= launch_max_tokens() && w4a16_tiled_supports(K, group),
             "W4A16 GEMV: T %d, K %d, group %d", T, K, group);
   DS_ASSERT(aligned16(x) && aligned16(tiled) && aligned16(partial),
             "W4A16 GEMV: x, the weight and the partials must be 16-byte aligned");
