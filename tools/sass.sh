@@ -43,7 +43,8 @@ fi
 
 name=$(basename "$src" .cu)
 by_line=${SASS_BY_LINE:-}
-"$nvcc" -cubin -gencode arch=compute_90a,code=sm_90a -O3 -DNDEBUG -std=c++20 -Isrc ${by_line:+-lineinfo} "$@" "$src" -o "$dir/$name.cubin"
+"$nvcc" -cubin -gencode arch=compute_90a,code=sm_90a -O3 -DNDEBUG -std=c++20 -Isrc ${by_line:+-lineinfo} "$@" "$src" \
+  -o "$dir/$name.cubin"
 python3 tools/sass_stats.py retag "$dir/$name.cubin" "$dir/$name.old.cubin"
 "$dir/nvdisasm" -c ${by_line:+-gi} "$dir/$name.old.cubin" > "$dir/$name.sass"
 python3 tools/sass_stats.py loops "$dir/$name.sass" "$kernel" --demangle "$dir/cu++filt"

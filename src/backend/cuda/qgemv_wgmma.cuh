@@ -26,8 +26,9 @@
 // warpgroups of one tile (126 registers a thread), at 128 tokens 2 of two (254 registers: its
 // accumulators of 128 tokens would not fit the 128 a thread of 4 warpgroups). Per chunk each
 // warpgroup builds its A operands, then per (m64 tile, half) issues 4 wgmma, waits and scales; the
-// warpgroups overlap one's waits and scaling with the others' tensor-core work. 4 warpgroups against 2 at 64 tokens: C48 19.39-19.41 ms against
-// 20.18-20.19, C64 21.12-21.15 against 21.93-21.96 (H100, docs/perf/2026-12-05-s63-cuda-27b.md).
+// warpgroups overlap one's waits and scaling with the others' tensor-core work. 4 warpgroups
+// against 2 at 64 tokens: C48 19.39-19.41 ms against 20.18-20.19, C64 21.12-21.15 against
+// 21.93-21.96 (H100, docs/perf/2026-12-05-s63-cuda-27b.md).
 // At 9-32 tokens the mma.sync wide kernel stays faster (C16 10.6 against 12.3 ms, verify 16 10.0
 // against 11.7; H100, docs/perf/2026-12-05-s62-cuda-27b.md).
 #pragma once

@@ -342,7 +342,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
     st.release(i, warp, lane);
     if (u == deal.units - 1 || i == st.n_steps - 1)
       wide_flush<NT, true, kWideR>(acc, tile, deal, partial, counters, out, T, N, lane,
-                           [&](int r) { return tile * kWideTileBlocks + warp * kWideR + r; });
+                                   [&](int r) { return tile * kWideTileBlocks + warp * kWideR + r; });
   }
 }
 
