@@ -56,9 +56,18 @@ constexpr int kMaxUnitBytes = kUnitChunks * (kSlotBytes + kChunkBytes);
 constexpr size_t kTmaSmemPerBlock3 = 74 * 1024;
 
 // A block's shared memory for S stages of SU units a warp: mbarriers u64 [warps][S], the rings
-// u8 [warps][S][SU units] (16-byte aligned after the barriers), then the inputs with XSmem.
+// u8 [warps][S][SU units] (kRingAlign-byte aligned after the barriers), then the inputs with
+// XSmem. The rings were 16-byte aligned after the barriers, where the kernel's static shared
+// memory (16 or 32 bytes, by instantiation) put them: in the split launches of 8 warps at 16 bytes
+// past a 32-byte boundary. With 32 bytes of static shared memory (their stages 32-byte aligned)
+// the split launches at 2-8 tokens made verify 4 and 8 about 0.1 ms faster on an H100
+// (docs/perf/2026-12-05-s64-cuda-27b.md). 128-byte aligned, C1 at 1k 6.12-6.14 against 6.26 ms,
+// verify 1 / 8 at 4k 6.19-6.22 / 7.13-7.15 against 6.34-6.37 / 7.22-7.26, H100, 3 rounds
+// (docs/perf/2026-12-06-s66-cuda-27b.md); the bulk probe streams 4-7% faster at 0 past 128 bytes
+// than at 16 or 64.
+constexpr uint32_t kRingAlign = 128;
 inline size_t tma_ring_bytes_of(int stages, int units, int unit_bytes, int warps) {
-  return mbar_array_bytes(int64_t(warps) * stages) + size_t(warps) * stages * units * unit_bytes;
+  return mbar_array_bytes(int64_t(warps) * stages) + kRingAlign + size_t(warps) * stages * units * unit_bytes;
 }
 inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
   return tma_ring_bytes_of(stages_for(nt), stage_units(nt), unit_bytes, warps);
@@ -524,7 +533,9 @@ __global__ void __launch_bounds__(MaxThreads, MinBlocks)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int warps = blockDim.x / 32;  // kWarps, or tma_narrow_warps without split-K
   uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [warps][S]: the stage's copy has landed
-  unsigned char* rings = smem_raw + mbar_array_bytes(warps * S);
+  const uint32_t smem_base = smem_u32(smem_raw);  // past the static shared memory
+  unsigned char* rings =
+      smem_raw + (((smem_base + mbar_array_bytes(warps * S) + kRingAlign - 1) & ~(kRingAlign - 1)) - smem_base);
   const int stage_bytes = SU * w.unit_bytes;
   __nv_bfloat16* x_smem = reinterpret_cast<__nv_bfloat16*>(rings + warps * S * stage_bytes);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
