@@ -1086,6 +1086,31 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
   }
 }
 
+// Whether the rings' alignment moves the stream rate, as figures: the bulk probe at the split
+// launches' geometry (8 warps x 3 blocks an SM, two stages of one unit at 2-8 tokens and of two at
+// one token) and the one-token narrow blocks' (9 warps x 2), each ring at 0, 16, 32 and 64 bytes
+// past a 128-byte boundary. (The TMA GEMV's split launches had theirs at 16 past a 32-byte one.)
+TEST_F(CudaLinearQuantTest, StreamingRingAlignment) {
+  struct Bulk {
+    int bytes, stages, threads, blocks_per_sm;
+  };
+  for (Bulk b : std::vector<Bulk>{{2176, 2, 256, 3}, {4352, 2, 256, 3}, {2176, 2, 288, 2}})
+    for (int offset : {0, 16, 32, 64}) {
+      cuda::StreamProbe p;
+      p.bytes = b.bytes;
+      p.stages = b.stages;
+      p.threads = b.threads;
+      p.blocks_per_sm = b.blocks_per_sm;
+      p.ring_offset = offset;
+      const double gbps = cuda::stream_probe_gbps(p);
+      EXPECT_GT(gbps, 0);
+      std::printf("[figure] stream bulk %5d B x %d stages, %2d warps x %d blocks an SM, rings %2d B past 128: "
+                  "%.0f GB/s (%.1f%% of %.0f GB/s)\n",
+                  b.bytes, b.stages, b.threads / 32, b.blocks_per_sm, offset, gbps, 100 * gbps / kCopyGbps,
+                  kCopyGbps);
+    }
+}
+
 // What part of the GPU can read, as figures: the same probes on fewer SMs, a block an SM (the
 // rings take more than half an SM's shared memory; the loads' blocks of 32 warps go to idle SMs
 // first, as the block scheduler places them). A step's kernels between two linears (the GDN

@@ -237,6 +237,7 @@ struct StreamProbe {
   int threads = 256, blocks_per_sm = 2;
   int megabytes = 512, reps = 10;
   int sms = 0;
+  int ring_offset = -1;  // kBulk, kAsync: rings right after the barriers, or bytes past a 128-byte boundary
 };
 double stream_probe_gbps(const StreamProbe& p);
 // The step's weight stream in one persistent launch (stream_probe.cu): phase_bytes in order (each

@@ -30,13 +30,17 @@ namespace {
 // every slot (never equal to the magic value in practice).
 // Async: each slot filled by the warp's 32 lanes with 16-byte cp.async (LDGSTS) instead of one
 // bulk copy, each lane arriving on the slot's barrier once its copies have landed.
+// ring_offset: the rings start right after the barriers (-1), or that many bytes (a multiple of
+// 16) past the first 128-byte boundary after them (StreamProbe::ring_offset).
 template <bool Async>
 __global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int bytes, int stages, bool front,
-                                  uint32_t* sink) {
+                                  int ring_offset, uint32_t* sink) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem) + warp * stages;
-  unsigned char* ring = smem + mbar_array_bytes(warps * stages) + size_t(warp) * stages * bytes;
+  const uint32_t base = smem_u32(smem), after_bars = base + mbar_array_bytes(warps * stages);
+  const uint32_t rings = ring_offset < 0 ? after_bars : ((after_bars + 127) & ~127u) + ring_offset;
+  unsigned char* ring = smem + (rings - base) + size_t(warp) * stages * bytes;
   const int64_t gw = int64_t(blockIdx.x) * warps + warp, n_warps = int64_t(gridDim.x) * warps;
   const int n = static_cast<int>(share / bytes);
   auto piece = [&](int i) { return src + (front ? int64_t(i) * n_warps + gw : gw * n + i) * bytes; };
@@ -257,12 +261,14 @@ double stream_probe_gbps(const StreamProbe& p) {
   if (p.method == StreamProbe::kBulk || p.method == StreamProbe::kAsync) {
     const int warps = p.threads / 32;
     const int64_t share = total / (int64_t(blocks) * warps) / p.bytes * p.bytes;
-    const size_t smem = mbar_array_bytes(warps * p.stages) + size_t(warps) * p.stages * p.bytes;
+    DS_ASSERT(p.ring_offset < 0 || p.ring_offset % 16 == 0, "stream probe: ring offset %d", p.ring_offset);
+    const size_t smem = mbar_array_bytes(warps * p.stages) + (p.ring_offset < 0 ? 0 : 128 + p.ring_offset) +
+                        size_t(warps) * p.stages * p.bytes;
     auto* kernel = p.method == StreamProbe::kAsync ? probe_bulk_kernel<true> : probe_bulk_kernel<false>;
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     bytes_read = share * blocks * warps;
     const bool front = p.order == StreamProbe::kFront;
-    run = [=] { kernel<<<blocks, p.threads, smem>>>(buf, share, p.bytes, p.stages, front, sink); };
+    run = [=] { kernel<<<blocks, p.threads, smem>>>(buf, share, p.bytes, p.stages, front, p.ring_offset, sink); };
   } else {
     const int64_t n16 = total / 16;
     bytes_read = total;
