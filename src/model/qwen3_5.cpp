@@ -28,9 +28,11 @@ size_t step_scratch_bytes(const ModelConfig& c, int64_t tokens, int64_t logit_ro
   // A row's logits (bf16), up to two f32 rows of the sampler's, and its gathered hidden.
   const int64_t per_row = int64_t(c.vocab_size) * (1 + 2 + 2) + H;
   // A GEMV's split-K partial sums: f32 [splits, tokens, N] in slices of at most 128 tokens, as
-  // much as 4 splits of gate_up's 2I rows (the wide kernels' stream-K partials come to at most
-  // (SMs + tiles) x 256 rows, and the splits' rounding a slice's N more: under 2 at the 27B's).
-  const int64_t partials = 2 * 4 * std::min<int64_t>(tokens, 128) * 2 * I;
+  // much as 4 splits of gate_up's 2I rows, and at least the wide kernels' stream-K partials: 256
+  // rows of a slice's tokens for each block, one block an SM (up to 256 SMs), the int8 lm_head's
+  // included (the W4A16 splits' rounding takes a slice's N more: under 2 at the 27B's).
+  const int64_t slice = std::min<int64_t>(tokens, 128);
+  const int64_t partials = 2 * std::max(4 * slice * 2 * I, 256 * 256 * ((slice + 7) / 8 * 8));
   // What backends hand out by the block from what is free (a weight dequantised in blocks of
   // rows takes a quarter of it, 128 rows at least), and 16 MiB for the small rest.
   const int64_t widest_k = std::max({H, I, Hv * dv, nH * hd});

@@ -52,7 +52,9 @@ struct GemvSettingsRestored {
   bool wgmma = cuda::w4a16_gemv_wgmma();
   bool f16 = cuda::w4a16_gemv_f16();
   bool l2_weights = cuda::w4a16_l2_weights();
+  bool int8_wide = cuda::int8_gemv_wide();
   ~GemvSettingsRestored() {
+    cuda::set_int8_gemv_wide(int8_wide);
     cuda::set_w4a16_l2_weights(l2_weights);
     cuda::set_w4a16_gemv_f16(f16);
     cuda::set_w4a16_gemv_wide(wide);
@@ -855,7 +857,9 @@ TEST_F(CudaLinearQuantTest, W4A16DequantInRowBlocks) {
 }
 
 TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
-  for (auto [V, H] : std::vector<std::pair<int, int>>{{1000, 256}, {3001, 5120}}) {
+  GemvSettingsRestored restore;
+  // H 384: 6 chunks (a short last unit of the wide GEMV's 4) and 3 groups (its last box of 2 half out).
+  for (auto [V, H] : std::vector<std::pair<int, int>>{{1000, 256}, {3001, 5120}, {777, 384}}) {
     const std::vector<float> table = random_bf16(size_t(V) * H, rng, 0.05f);
     LinearWeight wc, wg;
     wc.dense = cpu.upload(table.data(), DType::kF32, {V, H}, DType::kF32);
@@ -888,17 +892,23 @@ TEST_F(CudaLinearQuantTest, Int8VocabMatchesCpuTwin) {
     EXPECT_EQ(mismatches, 0u) << "int8 embedding V" << V << " H" << H;
     EXPECT_EQ(twin_mismatches, 0u) << "CPU twin";
 
-    // lm_head: the GEMV (T <= 64, incl. split K for small V) and blocks of rows + cuBLAS (T > 64).
-    for (int T : {1, 8, 9, 33, 64, 65, 130}) {
-      std::vector<float> x = random_bf16(size_t(T) * H, rng);
-      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, H}, DType::kF32);
-      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, H}, DType::kBF16);
-      Tensor oc = cpu.scratch(DType::kF32, {T, V}), og = gpu->scratch(DType::kBF16, {T, V});
-      cpu.linear(xc, wc.dense, oc);
-      gpu->linear_quantized(xg, wg, og);
-      std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
-      EXPECT_LE(rel_rms(download(og), ref), 5e-3) << "int8 lm_head V" << V << " H" << H << " T" << T;
-      cpu.reset_scratch();
+    // lm_head: the GEMV (T <= 64, incl. split K for small V; at 9-64 tokens the wide kernel where
+    // the GPU has one, and the one-tile kernel) and blocks of rows + cuBLAS (T > 64).
+    for (bool wide : {true, false}) {
+      cuda::set_int8_gemv_wide(wide);
+      for (int T : {1, 8, 9, 16, 17, 33, 40, 64, 65, 130}) {
+        if (!wide && T > 8 && T <= 64 && T != 33) continue;  // the one-tile kernel: one of its instances
+        std::vector<float> x = random_bf16(size_t(T) * H, rng);
+        Tensor xc = cpu.upload(x.data(), DType::kF32, {T, H}, DType::kF32);
+        Tensor xg = gpu->upload(x.data(), DType::kF32, {T, H}, DType::kBF16);
+        Tensor oc = cpu.scratch(DType::kF32, {T, V}), og = gpu->scratch(DType::kBF16, {T, V});
+        cpu.linear(xc, wc.dense, oc);
+        gpu->linear_quantized(xg, wg, og);
+        std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+        EXPECT_LE(rel_rms(download(og), ref), 5e-3)
+            << "int8 lm_head V" << V << " H" << H << " T" << T << (wide ? " wide" : " one-tile");
+        cpu.reset_scratch();
+      }
     }
     gpu->reset_scratch();
   }

@@ -696,8 +696,10 @@ void CudaOps::linear_int8(const void* x_bf16, int T, int K, const LinearWeight& 
   o.norm = {};  // a consumer's scale: scale_parts after
   if (T <= cuda::kInt8GemvMaxTokens) {
     const int splits = cuda::int8_gemv_splits(T, N, K);
-    float* partial = splits > 1 ? F(scratch(DType::kF32, {splits, T, N})) : nullptr;
-    cuda::launch_int8_gemv(x, q, F(w.scales), o, partial, impl_->gemv_counters, splits, T, N, K, impl_->stream);
+    const int64_t floats = cuda::int8_gemv_partial_floats(T, N, K);
+    float* partial = floats > 0 ? F(scratch(DType::kF32, {floats})) : nullptr;
+    cuda::launch_int8_gemv(x, q, F(w.scales), o, partial, floats, impl_->gemv_counters, splits, T, N, K,
+                           impl_->stream);
   } else {
     // Blocks of rows dequantised to bf16 (within a quarter of the free scratch) for cuBLAS.
     const int block = dequant_block_rows(N, K);

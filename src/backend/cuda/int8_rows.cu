@@ -5,7 +5,14 @@
 // along K, instead of 16 rows 5 KB apart (the 27B
 // lm_head at one token read in this order: 367.6 against 389.3 us a launch in place on the
 // H200, docs/perf/2026-12-03-s27-cuda-27b.md). Linears run the tensor-core GEMV of
-// qgemv_kernel.cuh for up to 64 tokens, and larger batches dequantise blocks of rows to bf16 for
+// qgemv_kernel.cuh for up to 8 tokens, and for up to 64 on GPUs without the copy engine's box
+// copies (or with DS_INT8_WIDE=0); on those with it, 9-64 tokens take the wide GEMV
+// (qgemv_wide.cuh), whose blocks share each stage's inputs: in the one-tile kernel every warp
+// reads its own, 2 T bytes of inputs a column of 16 one-byte rows (8 times the codes at 64 tokens;
+// the 27B's lm_head at 64 tokens took 1.37 ms for 0.3 ms of bytes, H200,
+// docs/perf/2026-12-04-s42-cuda-27b.md). The wide GEMV took C64 at 1k from 20.95-21.00 to
+// 20.19-20.21 ms and C32 from 13.48 to 13.33-13.39 on an H100 (its lm_head 0.56 ms at 64 tokens;
+// docs/perf/2026-12-06-s66-cuda-27b.md). Larger batches dequantise blocks of rows to bf16 for
 // cuBLAS; the embedding dequantises on gather.
 #include <algorithm>
 #include <cstring>
@@ -17,6 +24,8 @@
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/qgemv_kernel.cuh"
+#include "backend/cuda/qgemv_wide.cuh"
+#include "backend/cuda/tensor_map.h"
 
 namespace ds::cuda {
 
@@ -106,7 +115,70 @@ int resident() {
   return qgemv::resident_blocks<Int8Tiled, NT, kChunksInFlight<NT>>();
 }
 
+bool g_wide = env_flag("DS_INT8_WIDE", true);
+
+// Whether a launch of T tokens over N rows and K columns takes the wide kernel: 9 or more tokens,
+// a GPU with box copies (compute capability 9.0 and up), and a counter for each tile.
+bool takes_wide(int T, int N, int K) {
+  static const bool sm90 = [] {
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }();
+  return g_wide && sm90 && T > 8 && qgemv::wide_deal(N, K, sm_count()).tiles <= kGemvMaxSplitTiles;
+}
+int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
+
+// The wide kernel's dynamic shared-memory limit raised to the opt-in maximum, once per instance.
+template <int NT>
+int wide_ready() {
+  static const int max_smem =
+      raise_dynamic_smem_limit(reinterpret_cast<const void*>(qgemv::qgemv_wide_kernel<NT, Int8Tiled>));
+  return max_smem;
+}
+
+template <int NT>
+void launch_wide(const Int8Tiled& w, const bf16* x, const OutParts& parts, float* partial, int64_t partial_floats,
+                 int* counters, int T, int N, int K, cudaStream_t s) {
+  const int max_smem = wide_ready<NT>();
+  const qgemv::WideDeal deal = qgemv::wide_deal(N, K, sm_count());
+  const int64_t need = qgemv::wide_partial_floats(deal, NT);
+  DS_ASSERT(need == 0 || (partial && partial_floats >= need),
+            "int8 wide GEMV: partials of %lld floats given, %lld needed (N %d, K %d)",
+            static_cast<long long>(partial ? partial_floats : 0), static_cast<long long>(need), N, K);
+  // At least half an SM's shared memory, so that no SM takes two blocks while another has none.
+  const size_t ring = qgemv::wide_smem_bytes(T, Int8Tiled::unit_bytes, Int8Tiled::kStagedScaleBytes);
+  const size_t smem = std::max(ring, size_t(max_smem) / 2 + 1024);
+  DS_ASSERT(smem <= size_t(max_smem), "int8 wide GEMV: %zu bytes of shared memory, the GPU allows %d", smem,
+            max_smem);
+  // The codes as u32 [n_rb][n_chunks * 16][16] (a chunk of a row block: 16 rows of 64 bytes), a
+  // box one unit of 16 row blocks; the scales as f32 [n_rb][n_groups][16], a box the unit's 2
+  // groups of 16 row blocks (rows past the table's padded blocks zero-filled).
+  const int n_rb = (N + 15) / 16;
+  const cuuint64_t wdims[3] = {16, cuuint64_t(w.n_chunks) * 16, cuuint64_t(n_rb)};
+  const cuuint64_t wstrides[2] = {64, cuuint64_t(w.n_chunks) * 1024};
+  const cuuint32_t wbox[3] = {16, Int8Tiled::unit_bytes / 64, qgemv::kWideTileBlocks};
+  const CUtensorMap wmap =
+      tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, w.q, wdims, wstrides, wbox, CU_TENSOR_MAP_SWIZZLE_NONE);
+  const cuuint64_t sdims[3] = {16, cuuint64_t(w.n_groups), cuuint64_t(n_rb)};
+  const cuuint64_t sstrides[2] = {64, cuuint64_t(w.n_groups) * 64};
+  const cuuint32_t sbox[3] = {16, 2, qgemv::kWideTileBlocks};
+  const CUtensorMap smap =
+      tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, w.scales, sdims, sstrides, sbox, CU_TENSOR_MAP_SWIZZLE_NONE);
+  // x bf16 [T][K]: a box is one 64-column chunk of every token, swizzled by 128 bytes.
+  const cuuint64_t xdims[2] = {cuuint64_t(K), cuuint64_t(T)};
+  const cuuint64_t xstrides[1] = {cuuint64_t(K) * 2};
+  const cuuint32_t xbox[2] = {qgemv::kChunk, cuuint32_t(T)};
+  const CUtensorMap xmap =
+      tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, xdims, xstrides, xbox, CU_TENSOR_MAP_SWIZZLE_128B);
+  launch_kernel("int8_wide", qgemv::qgemv_wide_kernel<NT, Int8Tiled>, dim3(deal.blocks), dim3(qgemv::kWideThreads),
+                smem, s, wmap, xmap, smap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
+}
+
 }  // namespace
+
+bool int8_gemv_wide() { return g_wide; }
+void set_int8_gemv_wide(bool on) { g_wide = on; }
 
 int64_t int8_tiled_rows(int64_t rows) { return (rows + 15) / 16 * 16; }
 
@@ -150,12 +222,19 @@ void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t 
 }
 
 int int8_gemv_splits(int T, int N, int K) {
+  if (takes_wide(T, N, K)) return 1;  // one wave of stream-K blocks
   const int r = T <= 8 ? resident<1>() : T <= 16 ? resident<2>() : T <= 32 ? resident<4>() : resident<8>();
   return qgemv::choose_splits(r, T, N, K, kGemvMaxSplitTiles);
 }
 
+int64_t int8_gemv_partial_floats(int T, int N, int K) {
+  if (takes_wide(T, N, K)) return qgemv::wide_partial_floats(qgemv::wide_deal(N, K, sm_count()), wide_tiles(T));
+  const int splits = int8_gemv_splits(T, N, K);
+  return splits > 1 ? int64_t(splits) * T * N : 0;
+}
+
 void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, const GemvOut& out, float* partial,
-                      int* counters, int splits, int T, int N, int K, cudaStream_t s) {
+                      int64_t partial_floats, int* counters, int splits, int T, int N, int K, cudaStream_t s) {
   if (T == 0) return;
   DS_ASSERT(T <= kInt8GemvMaxTokens && K % 128 == 0, "int8 GEMV: T %d, K %d", T, K);
   DS_ASSERT(aligned16(x) && aligned16(partial),
@@ -163,6 +242,16 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, const
   DS_ASSERT(!out.swiglu && !out.norm.ss && !out.f16, "int8 GEMV: plain output parts only");
   const Int8Tiled w{q, scales, K / qgemv::kChunk, K / 128};
   const OutParts o = out_parts(out, N);
+  if (takes_wide(T, N, K)) {
+    const int nt = wide_tiles(T);
+    if (nt == 2) launch_wide<2>(w, x, o, partial, partial_floats, counters, T, N, K, s);
+    else if (nt == 4) launch_wide<4>(w, x, o, partial, partial_floats, counters, T, N, K, s);
+    else launch_wide<8>(w, x, o, partial, partial_floats, counters, T, N, K, s);
+    return;
+  }
+  DS_ASSERT(splits == 1 || (partial && partial_floats >= int64_t(splits) * T * N),
+            "int8 GEMV: partials of %lld floats for %d splits of [%d, %d]", static_cast<long long>(partial_floats),
+            splits, T, N);
   if (T <= 8) launch_nt<1>(w, x, o, partial, counters, splits, T, N, K, s);
   else if (T <= 16) launch_nt<2>(w, x, o, partial, counters, splits, T, N, K, s);
   else if (T <= 32) launch_nt<4>(w, x, o, partial, counters, splits, T, N, K, s);

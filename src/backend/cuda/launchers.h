@@ -315,11 +315,19 @@ void launch_int8_quantize_rows(const bf16* w, int8_t* q, float* scales, int64_t 
 // Copies a table already quantised so, q_host i8 [rows, H] and scales_host f32 [rows, H/128], into
 // q and scales in the tile layout (the padding zeroed); tiled on the host a piece at a time.
 void upload_int8_tiled(const int8_t* q_host, const float* scales_host, int64_t rows, int H, int8_t* q, float* scales);
+// Whether int8 GEMV launches of 9 to kInt8GemvMaxTokens tokens take the wide kernel (qgemv_wide.cuh:
+// a block's stages share their inputs; compute capability 9.0 and up) rather than the one whose
+// warps each read their inputs. env DS_INT8_WIDE = 1 (default) | 0; tests may switch it.
+bool int8_gemv_wide();
+void set_int8_gemv_wide(bool on);
+// The split count and the partial sums' floats (0: none) of an int8 GEMV launch of T tokens.
 int int8_gemv_splits(int T, int N, int K);
+int64_t int8_gemv_partial_floats(int T, int N, int K);
 // out's parts (no norm, swiglu or fp16 copy) = x bf16 [T, K] . w^T, T <= kInt8GemvMaxTokens; q,
-// scales: tiled int8 rows, N rows and K columns
+// scales: tiled int8 rows, N rows and K columns; partial: f32 [int8_gemv_partial_floats] (16-byte
+// aligned) where that is not 0; splits from int8_gemv_splits.
 void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, const GemvOut& out, float* partial,
-                      int* counters, int splits, int T, int N, int K, cudaStream_t s);
+                      int64_t partial_floats, int* counters, int splits, int T, int N, int K, cudaStream_t s);
 // w bf16 [rows, H] = dequantised rows [row0, row0 + rows) of a tiled table of H columns
 void launch_int8_dequant_rows(const int8_t* q, const float* scales, bf16* w, int64_t row0, int rows, int H,
                               cudaStream_t s);

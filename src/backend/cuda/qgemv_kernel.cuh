@@ -118,6 +118,16 @@ struct W4Tiled {
 #pragma unroll
     for (int r = 0; r < 4; ++r) a[r] = nibbles_to_bf16x2(word >> (4 * r));
   }
+  // The wide kernels' stages (qgemv_wide.cuh): a unit holds its own scales, so none are staged.
+  static constexpr int kStagedScaleBytes = 0;
+  // Chunk c of a unit as a stage holds it in shared memory (unit: the row block's; scales: unused).
+  __device__ __forceinline__ Frag stage_frag(const unsigned char* unit, const float2* /*scales*/, int c,
+                                             int lane) const {
+    Frag f;
+    f.w = reinterpret_cast<const uint4*>(unit + slots * kSlotBytes)[c * 32 + lane];
+    f.s = reinterpret_cast<const float2*>(unit)[(c >> slot_shift) * 8 + lane / 4];
+    return f;
+  }
 };
 
 // The view of a weight in the tiled layout (w4a16.cu): K columns in groups of `group`.
@@ -166,6 +176,19 @@ struct Int8Tiled {
     a[1] = bytes_to_bf16x2(__byte_perm(w1, 0, 0x4140));  // row g + 8
     a[2] = bytes_to_bf16x2(__byte_perm(w0, 0, 0x4342));  // row g,     columns 4j + 2, 4j + 3
     a[3] = bytes_to_bf16x2(__byte_perm(w1, 0, 0x4342));  // row g + 8
+  }
+  // The wide kernels' stages (qgemv_wide.cuh): a unit is kUnitChunks chunks of a row block's codes
+  // (the tile layout's 1,024 bytes a chunk, one after the other), and the stage holds the scales
+  // of its 16 row blocks apart, f32 [16 row blocks][2 groups][8 g][2], as the table has them.
+  static constexpr int unit_bytes = kUnitChunks * 1024;
+  static constexpr int kStagedScaleBytes = 16 * 2 * 64;
+  // Chunk c of a unit as a stage holds it (unit: the row block's codes; scales: its two groups').
+  __device__ __forceinline__ Frag stage_frag(const unsigned char* unit, const float2* scales, int c, int lane) const {
+    Frag f;
+    f.lo = reinterpret_cast<const uint4*>(unit)[c * 64 + lane];
+    f.hi = reinterpret_cast<const uint4*>(unit)[c * 64 + 32 + lane];
+    f.s = scales[(c / 2) * 8 + lane / 4];
+    return f;
   }
 };
 

@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(wgmma_threads(M), 1)
   static_assert(M == 1 || M == 2, "one or two m64 tiles a warpgroup");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   // wgmma reads all 8 NT rows
-  const WideStages st(smem_raw, &wmap, &xmap, w, deal, T, S, 8 * NT, wgmma_threads(M) / 32);
+  const WideStages st(smem_raw, &wmap, &xmap, nullptr, w.unit_bytes, w.n_chunks, 0, deal, T, S, 8 * NT,
+                      wgmma_threads(M) / 32);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, wg = warp / 4, wq = warp % 4;
   st.start();
 

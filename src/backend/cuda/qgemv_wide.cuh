@@ -1,7 +1,7 @@
-// Device code of the W4A16 GEMV for 9 to 64 tokens (verify blocks and batched decode): out bf16
-// [T, N] = x bf16 [T, K] . W^T on bf16 tensor cores (mma.m16n8k16, fp32 accumulation), the same
-// fragments and tiled layout as the one-tile GEMV (qgemv_tma.cuh), but with the inputs shared by
-// the whole thread block.
+// Device code of the W4A16 GEMV for 9 to 64 tokens (verify blocks and batched decode), and of the
+// int8 one (the lm_head of such steps): out bf16 [T, N] = x bf16 [T, K] . W^T on bf16 tensor
+// cores (mma.m16n8k16, fp32 accumulation), the same fragments and tiled layouts as the one-tile
+// GEMVs (qgemv_tma.cuh, qgemv_kernel.cuh), but with the inputs shared by the whole thread block.
 //
 // Why a kernel of its own: in the one-tile GEMV each warp reads its inputs itself, 2 T bytes per
 // 16 rows x 1 column of weights (8x the weight bytes at 32 tokens), and they come from L2, since
@@ -52,18 +52,22 @@ struct WideDeal {
   }
 };
 
-// A stage: the tile's weights of one unit (rounded up to 1024 bytes), then the inputs of its 4
-// chunks, each [x_rows][128 bytes] (the 128-byte swizzle wants 1024-byte aligned boxes).
+// A stage: the tile's weights of one unit (rounded up to 1024 bytes), the scales of a format that
+// keeps them apart (int8: Int8Tiled::kStagedScaleBytes, a multiple of 1024; 0 for W4A16, whose
+// units hold theirs), then the inputs of its 4 chunks, each [x_rows][128 bytes] (the 128-byte
+// swizzle wants 1024-byte aligned boxes).
+static_assert(Int8Tiled::kStagedScaleBytes == kWideTileBlocks * 2 * 64 && Int8Tiled::kStagedScaleBytes % 1024 == 0,
+              "an int8 stage's scales: 2 groups of 16 rows for each of the tile's row blocks");
 __host__ __device__ inline int wide_x_rows(int T) { return (T + 7) / 8 * 8; }
 __host__ __device__ inline int wide_weight_bytes(int unit_bytes) {
   return (kWideTileBlocks * unit_bytes + 1023) / 1024 * 1024;
 }
-inline size_t wide_stage_bytes(int T, int unit_bytes) {
-  return size_t(wide_weight_bytes(unit_bytes)) + size_t(kUnitChunks) * wide_x_rows(T) * 128;
+inline size_t wide_stage_bytes(int T, int unit_bytes, int scale_bytes) {
+  return size_t(wide_weight_bytes(unit_bytes)) + scale_bytes + size_t(kUnitChunks) * wide_x_rows(T) * 128;
 }
 // A block's shared memory: the mbarriers, up to 1024 bytes of alignment, the stages.
-inline size_t wide_smem_bytes(int T, int unit_bytes) {
-  return mbar_array_bytes(2 * kWideStages) + 1024 + kWideStages * wide_stage_bytes(T, unit_bytes);
+inline size_t wide_smem_bytes(int T, int unit_bytes, int scale_bytes = 0) {
+  return mbar_array_bytes(2 * kWideStages) + 1024 + kWideStages * wide_stage_bytes(T, unit_bytes, scale_bytes);
 }
 
 // Box copies of a tensor map (cp.async.bulk.tensor) into shared memory, completed on bar.
@@ -86,32 +90,38 @@ __device__ __forceinline__ void tensor_copy_3d(void* dst, const CUtensorMap* map
 // A launch's stages and its block's stretch of the deal, shared by this kernel and its wgmma form
 // (qgemv_wgmma.cuh): S slots after 2 S mbarriers (full: the slot's copies have landed; empty:
 // the block's `warps` warps have read it), 1024-byte aligned for the swizzled inputs, each the
-// tile's weights of a unit ([16 row blocks][unit_bytes], rounded up to 1024 bytes) then the inputs
-// of its 4 chunks ([x_rows][128 bytes] each). Stage i of the block is deal stage f0 + i, in slot i % S.
+// tile's weights of a unit ([16 row blocks][unit_bytes], rounded up to 1024 bytes), then
+// scale_bytes of scales (smap's box: int8 weights), then the inputs of its 4 chunks ([x_rows][128
+// bytes] each). Stage i of the block is deal stage f0 + i, in slot i % S.
 struct WideStages {
   const CUtensorMap* wmap;
   const CUtensorMap* xmap;
-  W4Tiled w;
+  const CUtensorMap* smap;
   WideDeal deal;
+  int unit_bytes, n_chunks, scale_bytes;
   int T, S, x_rows, warps, wbytes, stage_bytes, n_steps;
   int64_t f0;
   uint64_t* full;
   uint64_t* empty;
   unsigned char* ring;
 
+  // unit_bytes: a row block's weights of one unit; n_chunks: K / 64.
   __device__ __forceinline__ WideStages(unsigned char* smem, const CUtensorMap* wmap_, const CUtensorMap* xmap_,
-                                        const W4Tiled& w_, const WideDeal& deal_, int T_, int S_, int x_rows_,
-                                        int warps_)
+                                        const CUtensorMap* smap_, int unit_bytes_, int n_chunks_, int scale_bytes_,
+                                        const WideDeal& deal_, int T_, int S_, int x_rows_, int warps_)
       : wmap(wmap_),
         xmap(xmap_),
-        w(w_),
+        smap(smap_),
         deal(deal_),
+        unit_bytes(unit_bytes_),
+        n_chunks(n_chunks_),
+        scale_bytes(scale_bytes_),
         T(T_),
         S(S_),
         x_rows(x_rows_),
         warps(warps_),
-        wbytes(wide_weight_bytes(w_.unit_bytes)),
-        stage_bytes(wbytes + kUnitChunks * x_rows_ * 128),
+        wbytes(wide_weight_bytes(unit_bytes_)),
+        stage_bytes(wbytes + scale_bytes_ + kUnitChunks * x_rows_ * 128),
         n_steps(static_cast<int>(deal_.begin(blockIdx.x + 1) - deal_.begin(blockIdx.x))),
         f0(deal_.begin(blockIdx.x)),
         full(reinterpret_cast<uint64_t*>(smem)),
@@ -123,21 +133,27 @@ struct WideStages {
         ring(smem + (((smem_u32(smem) + mbar_array_bytes(2 * S_) + 1023) & ~1023u) - smem_u32(smem))) {}
 
   __device__ __forceinline__ unsigned char* weights(int slot, int b) const {
-    return ring + slot * stage_bytes + b * w.unit_bytes;
+    return ring + slot * stage_bytes + b * unit_bytes;
+  }
+  // Row block b's staged scales (int8: its 2 groups, float2 [2][8 g]).
+  __device__ __forceinline__ const float2* scales(int slot, int b) const {
+    return reinterpret_cast<const float2*>(ring + slot * stage_bytes + wbytes) + b * 16;
   }
   __device__ __forceinline__ unsigned char* inputs(int slot, int c) const {
-    return ring + slot * stage_bytes + wbytes + c * x_rows * 128;
+    return ring + slot * stage_bytes + wbytes + scale_bytes + c * x_rows * 128;
   }
   __device__ __forceinline__ int chunks(int64_t f) const {
-    return min(kUnitChunks, w.n_chunks - static_cast<int>(f % deal.units) * kUnitChunks);
+    return min(kUnitChunks, n_chunks - static_cast<int>(f % deal.units) * kUnitChunks);
   }
-  // Stage i into slot i % S, by one thread: the tile's weights of the unit, then the inputs of its
-  // chunks.
+  // Stage i into slot i % S, by one thread: the tile's weights of the unit (and their scales),
+  // then the inputs of its chunks.
   __device__ __forceinline__ void issue_weights(int i) const {
     const int64_t f = f0 + i;
     const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units);
-    mbar_arrive_expect_tx(&full[i % S], kWideTileBlocks * w.unit_bytes + chunks(f) * T * 128);
-    tensor_copy_3d(weights(i % S, 0), wmap, 0, u * (w.unit_bytes / 64), tile * kWideTileBlocks, &full[i % S]);
+    mbar_arrive_expect_tx(&full[i % S], kWideTileBlocks * unit_bytes + scale_bytes + chunks(f) * T * 128);
+    tensor_copy_3d(weights(i % S, 0), wmap, 0, u * (unit_bytes / 64), tile * kWideTileBlocks, &full[i % S]);
+    if (scale_bytes)  // smap: f32 [row blocks][groups][16], a box of the unit's 2 groups of 16 row blocks
+      tensor_copy_3d(ring + (i % S) * stage_bytes + wbytes, smap, 0, 2 * u, tile * kWideTileBlocks, &full[i % S]);
   }
   __device__ __forceinline__ void issue_inputs(int i) const {
     const int64_t f = f0 + i;
@@ -191,12 +207,12 @@ __device__ __forceinline__ void wide_flush(float (&acc)[R][NT][4], int tile, con
                                            float* __restrict__ partial, int* __restrict__ counters,
                                            const OutParts& out, int T, int N, int lane, RowBlock row_block) {
   constexpr int kThreads = kWideTileBlocks / R * 32;
-  const int seg = blockIdx.x - deal.first_block(tile), segs = deal.n_blocks(tile);
+  const int first = deal.first_block(tile), seg = blockIdx.x - first, segs = deal.n_blocks(tile);
   // A partial is the block's accumulators as they lie in registers: float4 [R * NT][kThreads]
-  // (each thread's four of a tile nt), slot (seg - 1) * tiles + tile.
+  // (each thread's four of a tile nt), in the slot of the block that writes it. A block writes at
+  // most one: every tile of its stretch but the first starts in it, and so is its own.
   auto slot_of = [&](int sg) {
-    return reinterpret_cast<float4*>(partial) + (int64_t(sg - 1) * deal.tiles + tile) * (R * NT * kThreads) +
-           threadIdx.x;
+    return reinterpret_cast<float4*>(partial) + int64_t(first + sg) * (R * NT * kThreads) + threadIdx.x;
   };
   if (seg > 0) {
     float4* mine = slot_of(seg);
@@ -257,19 +273,22 @@ __device__ __forceinline__ void wide_flush(float (&acc)[R][NT][4], int tile, con
       for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
 }
 
-// wmap: the tiled weight as u32 [n_rb][n_units * unit_bytes / 64][16], box [16][unit_bytes / 64][16]
-// (one unit of a tile's 16 row blocks; rows past N zero-filled). xmap: x bf16 [T][K], box [T][64]
-// (one chunk of every token) with the 128-byte swizzle. partial f32 [wide_partial_floats],
-// counters i32 [tiles], zero between launches. S = kWideStages (a parameter: as a constant, ptxas
-// spills at 8 token tiles). Every block of the launch must be resident at
-// once (one an SM, as many as SMs): a tile's owner waits for the other blocks.
-template <int NT>
+// Fmt: W4Tiled or Int8Tiled (qgemv_kernel.cuh: unit_bytes, kStagedScaleBytes, stage_frag,
+// a_frag). wmap: the weight's units as u32 [n_rb][units * unit_bytes / 64][16], box
+// [16][unit_bytes / 64][16] (one unit of a tile's 16 row blocks; rows past N zero-filled). smap
+// (int8 only; else unused): the scales as f32 [n_rb][K / 128][16], box [16][2][16]. xmap: x bf16
+// [T][K], box [T][64] (one chunk of every token) with the 128-byte swizzle. partial f32
+// [wide_partial_floats], counters i32 [tiles], zero between launches. S = kWideStages (a
+// parameter: as a constant, ptxas spills at 8 token tiles). Every block of the launch must be
+// resident at once (one an SM, as many as SMs): a tile's owner waits for the other blocks.
+template <int NT, class Fmt>
 __global__ void __launch_bounds__(kWideWarps * 32, 1)
-    qgemv_wide_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap, W4Tiled w,
-                      OutParts out, float* __restrict__ partial, int* __restrict__ counters, WideDeal deal, int T,
-                      int N, int S) {
+    qgemv_wide_kernel(const __grid_constant__ CUtensorMap wmap, const __grid_constant__ CUtensorMap xmap,
+                      const __grid_constant__ CUtensorMap smap, Fmt w, OutParts out, float* __restrict__ partial,
+                      int* __restrict__ counters, WideDeal deal, int T, int N, int S) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const WideStages st(smem_raw, &wmap, &xmap, w, deal, T, S, wide_x_rows(T), kWideWarps);
+  const WideStages st(smem_raw, &wmap, &xmap, &smap, w.unit_bytes, w.n_chunks, Fmt::kStagedScaleBytes, deal, T, S,
+                      wide_x_rows(T), kWideWarps);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n_rb = (N + 15) / 16;
   st.start();
@@ -286,9 +305,6 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
   }
   float acc[kWideR][NT][4] = {};
 
-  int soff[kUnitChunks];
-#pragma unroll
-  for (int u = 0; u < kUnitChunks; ++u) soff[u] = (u >> w.slot_shift) * 8;
   for (int i = 0; i < st.n_steps; ++i) {
     const int64_t f = st.f0 + i;
     const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units), slot = i % S;
@@ -299,14 +315,10 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
 #pragma unroll
       for (int c = 0; c < kUnitChunks; ++c) {
         if (c >= nch) break;
-        uint4 wv[kWideR];
-        float2 sv[kWideR];
+        typename Fmt::Frag fr[kWideR];
 #pragma unroll
-        for (int r = 0; r < kWideR; ++r) {
-          const unsigned char* unit = st.weights(slot, warp * kWideR + r);
-          wv[r] = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes)[c * 32 + lane];
-          sv[r] = reinterpret_cast<const float2*>(unit)[soff[c] + g];
-        }
+        for (int r = 0; r < kWideR; ++r)
+          fr[r] = w.stage_frag(st.weights(slot, warp * kWideR + r), st.scales(slot, warp * kWideR + r), c, lane);
         float p[kWideR][NT][4] = {};
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // the lane's columns [8h, 8h + 8) of its 16: k-steps 2h, 2h + 1
@@ -320,9 +332,7 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
 #pragma unroll
             for (int r = 0; r < kWideR; ++r) {
               uint32_t a[4];
-              const uint32_t word = word_of(wv[r], 2 * h + jj);
-#pragma unroll
-              for (int e = 0; e < 4; ++e) a[e] = nibbles_to_bf16x2(word >> (4 * e));
+              w.a_frag(fr[r], 2 * h + jj, a);
 #pragma unroll
               for (int nt = 0; nt < NT; ++nt)
                 mma_bf16(p[r][nt], a, word_of(xv[nt], 2 * jj), word_of(xv[nt], 2 * jj + 1));
@@ -332,10 +342,10 @@ __global__ void __launch_bounds__(kWideWarps * 32, 1)
         for (int r = 0; r < kWideR; ++r)
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) {
-            acc[r][nt][0] += sv[r].x * p[r][nt][0];
-            acc[r][nt][1] += sv[r].x * p[r][nt][1];
-            acc[r][nt][2] += sv[r].y * p[r][nt][2];
-            acc[r][nt][3] += sv[r].y * p[r][nt][3];
+            acc[r][nt][0] += fr[r].s.x * p[r][nt][0];
+            acc[r][nt][1] += fr[r].s.x * p[r][nt][1];
+            acc[r][nt][2] += fr[r].s.y * p[r][nt][2];
+            acc[r][nt][3] += fr[r].s.y * p[r][nt][3];
           }
       }
     }
@@ -360,9 +370,9 @@ inline int wide_max_segments(const WideDeal& d) {
   for (int t = 0; t < d.tiles; ++t) m = std::max(m, d.n_blocks(t));
   return m;
 }
-// The partials' floats (0 when no tile is cut): a slot for each tile and block after its first.
+// The partials' floats (0 when no tile is cut): a slot for each block.
 inline int64_t wide_partial_floats(const WideDeal& d, int nt) {
-  return int64_t(wide_max_segments(d) - 1) * d.tiles * kWideR * nt * 4 * (kWideWarps * 32);
+  return wide_max_segments(d) > 1 ? int64_t(d.blocks) * kWideR * nt * 4 * (kWideWarps * 32) : 0;
 }
 
 }  // namespace ds::cuda::qgemv

@@ -22,7 +22,6 @@
 // T (prefill) dequantises to a bf16 matrix for cuBLAS.
 #define DS_GEMV_STAMPS_HERE  // gemv_stamps.cuh: the stamp ring is defined here
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -34,6 +33,7 @@
 #include "backend/cuda/qgemv_tma.cuh"
 #include "backend/cuda/qgemv_wgmma.cuh"
 #include "backend/cuda/qgemv_wide.cuh"
+#include "backend/cuda/tensor_map.h"
 #include "core/log.h"
 
 #ifdef DS_GEMV_STAMPS
@@ -273,7 +273,7 @@ int launch_max_tokens() { return takes_wgmma() ? kW4A16GemvMaxTokens : 64; }
 template <int NT, bool Wg, int M>
 auto wide_kernel() {
   if constexpr (Wg) return qgemv::qgemv_wgmma_kernel<NT, M>;
-  else return qgemv::qgemv_wide_kernel<NT>;
+  else return qgemv::qgemv_wide_kernel<NT, W4Tiled>;
 }
 
 // A wide kernel's dynamic shared-memory limit raised to the opt-in maximum, once per instance;
@@ -282,31 +282,6 @@ template <int NT, bool Wg, int M>
 int wide_ready() {
   static const int max_smem = raise_dynamic_smem_limit(reinterpret_cast<const void*>(wide_kernel<NT, Wg, M>()));
   return max_smem;
-}
-
-// cuTensorMapEncodeTiled from the driver, asked once.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const auto fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q));
-    DS_ASSERT(p && q == cudaDriverEntryPointSuccess, "the CUDA driver lacks cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-  }();
-  return fn;
-}
-
-// A tensor map of `rank` dims (dims[0] contiguous; strides in bytes of dims 1..), box `box`.
-CUtensorMap tensor_map(CUtensorMapDataType type, int rank, const void* base, const cuuint64_t* dims,
-                       const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
-  CUtensorMap m;
-  const cuuint32_t ones[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&m, type, rank, const_cast<void*>(base), dims, strides, box, ones,
-                                          CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  DS_ASSERT(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled: error %d (rank %d, dims %llu x %llu)", static_cast<int>(r),
-            rank, static_cast<unsigned long long>(dims[0]), static_cast<unsigned long long>(dims[1]));
-  return m;
 }
 
 // M: the wgmma form's m64 tiles a warpgroup (qgemv_wgmma.cuh).
@@ -342,9 +317,12 @@ void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* 
   const cuuint32_t xbox[2] = {qgemv::kChunk, cuuint32_t(T)};
   const CUtensorMap xmap =
       tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, xdims, xstrides, xbox, CU_TENSOR_MAP_SWIZZLE_128B);
-  const int threads = Wg ? qgemv::wgmma_threads(M) : qgemv::kWideThreads;
-  launch_kernel(Wg ? "qgemv_wgmma" : "qgemv_wide", wide_kernel<NT, Wg, M>(), dim3(deal.blocks), dim3(threads), smem,
-                s, wmap, xmap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
+  if constexpr (Wg)
+    launch_kernel("qgemv_wgmma", wide_kernel<NT, Wg, M>(), dim3(deal.blocks), dim3(qgemv::wgmma_threads(M)), smem, s,
+                  wmap, xmap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
+  else  // (no scales apart: wmap stands in for the unused scale map)
+    launch_kernel("qgemv_wide", wide_kernel<NT, Wg, M>(), dim3(deal.blocks), dim3(qgemv::kWideThreads), smem, s, wmap,
+                  xmap, wmap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
 }
 
 // A GEMV instance: NT token tiles of 8; register kernel: U chunks in flight per warp; TMA kernel:
