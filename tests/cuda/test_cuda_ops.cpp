@@ -170,14 +170,14 @@ TEST_F(CudaOpsTest, LinearEmbeddingGather) {
   }
 }
 
-// A fused dense weight (Ops::linear_parts): the small-GEMV launch with parts (T <= 16, widths
-// not multiples of 8) and the default row views beyond it; the same after a linear of the same
-// input, where the small GEMV waits for it only at its end.
+// A fused dense weight (Ops::linear_parts): the small-GEMV launch with parts (T <= 32, in passes
+// of 16 tokens above 8; widths not multiples of 8) and the default row views beyond it; the same
+// after a linear of the same input, where the small GEMV waits for it only at its end.
 TEST_F(CudaOpsTest, DenseLinearParts) {
   const int K = 96;
   const std::vector<int> widths = {5, 48, 43};
   const int N = 96;
-  for (int T : {1, 7, 16, 17}) {
+  for (int T : {1, 7, 16, 17, 32, 33, 65}) {
     auto x = both(random_bf16(T * K, rng), {T, K});
     LinearWeight wc, wg;
     auto w = both(random_bf16(N * K, rng, 0.1f), {N, K});
@@ -210,6 +210,18 @@ TEST_F(CudaOpsTest, DenseLinearParts) {
     gpu->linear(x.second, wg.dense, other);
     gpu->linear_parts(x.second, wg, pg, /*after_same_input=*/true);
     for (size_t i = 0; i < pg.size(); ++i) EXPECT_EQ(download(pg[i]), first[i]) << "T " << T << " part " << i;
+    // A deferred norm's scale (RowScale: the sums of squares of two parts of each row), which the
+    // small GEMV takes a pass of tokens at a time.
+    std::vector<float> ss(2 * T);
+    for (float& v : ss) v = 0.5f * K * (0.5f + float(rng() % 1000) / 1000.f);
+    RowScale sc, sg;
+    sc.ss = cpu.upload(ss.data(), DType::kF32, {2, T}, DType::kF32);
+    sg.ss = gpu->upload(ss.data(), DType::kF32, {2, T}, DType::kF32);
+    sc.eps = sg.eps = 1e-6f;
+    cpu.linear_parts(x.first, wc, pc, false, sc);
+    gpu->linear_parts(x.second, wg, pg, false, sg);
+    for (size_t i = 0; i < parts.size(); ++i)
+      expect_close(parts[i], 1e-2, "linear_parts_scaled_T" + std::to_string(T) + "_part" + std::to_string(i));
   }
 }
 

@@ -339,7 +339,9 @@ void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t
 
 // Dense bf16 out [T, N] = x [T, K] . w [N, K]^T for N <= kSmallGemvMaxRows output rows and
 // T <= kSmallGemvMaxTokens tokens (x and w 16-byte aligned, K % 8 == 0): one block per row.
-constexpr int kSmallGemvMaxTokens = 16;
+// Up to 32 tokens, two passes of 16 (cuBLAS above): taking 33-64 tokens too made C64 at 1k 0.6 ms
+// slower on an H100 (20.95-21.00 against 20.32-20.41 ms; docs/perf/2026-12-06-s66-cuda-27b.md).
+constexpr int kSmallGemvMaxTokens = 32;
 constexpr int kSmallGemvMaxRows = 256;
 bool small_gemv_supported(const void* x, const void* w, int T, int N, int K);
 // out.norm: a consumer's scale (GemvNorm). independent: x (and out.norm's sums) was complete

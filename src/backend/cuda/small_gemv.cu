@@ -1,7 +1,7 @@
 // Dense bf16 linear for few output rows and few tokens (the GDN in_proj_b + in_proj_a, N = 2 Hv):
-// one block per output row reads the row once and reduces all T tokens' dot products, one
-// launch where cuBLAS takes a split-K GEMM plus its reduction kernel. The rows may be the parts
-// of a fused weight (GemvOut).
+// one block per output row reads the row once a pass of up to 16 tokens and reduces their dot
+// products, one launch where cuBLAS takes a split-K GEMM plus its reduction kernel. The rows may
+// be the parts of a fused weight (GemvOut).
 #include "backend/cuda/common.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/gemv_out.cuh"
@@ -16,15 +16,18 @@ namespace {
 constexpr int kThreads = 256;
 
 constexpr int kPreloaded = 4;  // weight vectors a thread loads before pdl_wait (all of K <= 8192)
+constexpr int kSmallGemvPassTokens = 16;  // tokens a pass above 8 (registers: acc and x vectors)
 
-// Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= MaxT <= kSmallGemvMaxTokens), 16-byte
-// vectors (K % 8 == 0), fp32 accumulation. The row's first vectors load before pdl_wait (no
-// kernel writes weights). Independent (launch_small_gemv): no wait before the work, one at the
-// end, and x read from L2; it also lets the next kernel launch at once (pdl_trigger first), so that
-// kernel's blocks are resident, and have loaded what they may before their pdl_wait, when the
-// kernel before this one ends (their pdl_wait still returns only once this one has ended). The
-// GDN layer's conv1d after in_proj_b/a: C1 5.60-5.65 against 5.70-5.73 ms, verify 1 at 4k 5.65-5.66
-// against 5.77, verify 8 6.59-6.62 against 6.64-6.69, C8 6.92-6.98 against 7.03-7.06 on the H200
+// Block n: out[t, n] = sum_k x[t, k] w[n, k] for t < T (T <= kSmallGemvMaxTokens), 16-byte
+// vectors (K % 8 == 0), fp32 accumulation, in passes of up to MaxT tokens (one pass where T <=
+// MaxT; each later pass reads the row again, from L1). The row's first vectors load before
+// pdl_wait (no kernel writes weights) and stay in registers for every pass. Independent
+// (launch_small_gemv): no wait before the work, one at the end, and x read from L2; it also lets
+// the next kernel launch at once (pdl_trigger first), so that kernel's blocks are resident, and
+// have loaded what they may before their pdl_wait, when the kernel before this one ends (their
+// pdl_wait still returns only once this one has ended). The GDN layer's conv1d after
+// in_proj_b/a: C1 5.60-5.65 against 5.70-5.73 ms, verify 1 at 4k 5.65-5.66 against 5.77, verify 8
+// 6.59-6.62 against 6.64-6.69, C8 6.92-6.98 against 7.03-7.06 on the H200
 // (docs/perf/2026-12-03-s29-cuda-27b.md). The conv1d triggering first as well lost that again.
 template <bool Independent, int MaxT>
 __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
@@ -43,66 +46,71 @@ __global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __rest
     pdl_wait();  // launch.cuh
     pdl_trigger();
   }
-  // A deferred norm of x (out.norm): warp 0 asks for its sums now and takes the factors at the end.
-  constexpr int kScaleBatches = (MaxT + 7) / 8;
-  float parts[kScaleBatches][8];
-  const bool scaled = out.scales() && warp == 0;
-  if (scaled)
-#pragma unroll
-    for (int b = 0; b < kScaleBatches; ++b) out.row_parts8(8 * b, T, parts[b]);
-  float acc[MaxT];
-#pragma unroll
-  for (int t = 0; t < MaxT; ++t) acc[t] = 0.f;
-  // acc[t] += the dot product of weight vector c (wv) with x[t]'s. Every token's vector is loaded
-  // before the first is used (tokens past T load the last one's and are not added), so a weight
-  // vector costs one L2 round trip, not one a token. With each token's load and sum behind a branch
-  // of its own, this kernel ended 2.9 us after the GEMV it runs beside at 8 tokens (0.4 us now, 0.3
-  // at one token): verify 8 7.34 against 7.23 ms, C8 7.80 against 7.67 on the H200
-  // (docs/perf/2026-12-01-s16-cuda-27b.md).
-  auto accumulate = [&](int c, const uint4& wv) {
-    const bf16* wb = reinterpret_cast<const bf16*>(&wv);
-    uint4 xv[MaxT];
-#pragma unroll
-    for (int t = 0; t < MaxT; ++t) {
-      const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(min(t, T - 1)) * K) + c;
-      xv[t] = Independent ? __ldcg(xp) : __ldg(xp);
-    }
-#pragma unroll
-    for (int t = 0; t < MaxT; ++t) {
-      if (t < T) {
-        const bf16* xb = reinterpret_cast<const bf16*>(&xv[t]);
-        float a = acc[t];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) a += to_f32(wb[e]) * to_f32(xb[e]);
-        acc[t] = a;
-      }
-    }
-  };
-#pragma unroll
-  for (int i = 0; i < kPreloaded; ++i) {
-    const int c = threadIdx.x + i * kThreads;
-    if (c < K / 8) accumulate(c, pre[i]);
-  }
-  for (int c = threadIdx.x + kPreloaded * kThreads; c < K / 8; c += kThreads) accumulate(c, __ldg(wr + c));
-#pragma unroll
-  for (int t = 0; t < MaxT; ++t) {
-    const float v = warp_sum(acc[t]);
-    if (lane == 0) red[warp][t] = v;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    float r = 1.f;  // lane t's factor, of token t
+  for (int t0 = 0; t0 < T; t0 += MaxT) {
+    const int nt = min(MaxT, T - t0);  // the pass's tokens t0 .. t0 + nt - 1
+    // A deferred norm of x (out.norm): warp 0 asks for the pass's sums now and takes the factors
+    // at the end.
+    constexpr int kScaleBatches = (MaxT + 7) / 8;
+    float parts[kScaleBatches][8];
+    const bool scaled = out.scales() && warp == 0;
     if (scaled)
 #pragma unroll
-      for (int b = 0; b < kScaleBatches; ++b)
-        out.row_factors8(8 * b, T, parts[b], [&](int i, float f) {
-          if (lane == 8 * b + i) r = f;
-        });
-    if (lane < T) {
-      float v = 0.f;
+      for (int b = 0; b < kScaleBatches; ++b) out.row_parts8(t0 + 8 * b, T, parts[b]);
+    float acc[MaxT];
 #pragma unroll
-      for (int i = 0; i < kThreads / 32; ++i) v += red[i][lane];
-      out.store(lane, n, v * r);
+    for (int t = 0; t < MaxT; ++t) acc[t] = 0.f;
+    // acc[t] += the dot product of weight vector c (wv) with x[t0 + t]'s. Every token's vector is
+    // loaded before the first is used (tokens past the pass's load its last one's and are not
+    // added), so a weight vector costs one L2 round trip, not one a token. With each token's load
+    // and sum behind a branch of its own, this kernel ended 2.9 us after the GEMV it runs beside at
+    // 8 tokens (0.4 us now, 0.3 at one token): verify 8 7.34 against 7.23 ms, C8 7.80 against 7.67
+    // on the H200 (docs/perf/2026-12-01-s16-cuda-27b.md).
+    auto accumulate = [&](int c, const uint4& wv) {
+      const bf16* wb = reinterpret_cast<const bf16*>(&wv);
+      uint4 xv[MaxT];
+#pragma unroll
+      for (int t = 0; t < MaxT; ++t) {
+        const uint4* xp = reinterpret_cast<const uint4*>(x + int64_t(t0 + min(t, nt - 1)) * K) + c;
+        xv[t] = Independent ? __ldcg(xp) : __ldg(xp);
+      }
+#pragma unroll
+      for (int t = 0; t < MaxT; ++t) {
+        if (t < nt) {
+          const bf16* xb = reinterpret_cast<const bf16*>(&xv[t]);
+          float a = acc[t];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) a += to_f32(wb[e]) * to_f32(xb[e]);
+          acc[t] = a;
+        }
+      }
+    };
+#pragma unroll
+    for (int i = 0; i < kPreloaded; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+      if (c < K / 8) accumulate(c, pre[i]);
+    }
+    for (int c = threadIdx.x + kPreloaded * kThreads; c < K / 8; c += kThreads) accumulate(c, __ldg(wr + c));
+    if (t0 > 0) __syncthreads();  // warp 0 has read the last pass's sums
+#pragma unroll
+    for (int t = 0; t < MaxT; ++t) {
+      const float v = warp_sum(acc[t]);
+      if (lane == 0) red[warp][t] = v;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      float r = 1.f;  // lane t's factor, of token t0 + t
+      if (scaled)
+#pragma unroll
+        for (int b = 0; b < kScaleBatches; ++b)
+          out.row_factors8(t0 + 8 * b, T, parts[b], [&](int i, float f) {
+            if (lane == 8 * b + i) r = f;
+          });
+      if (lane < nt) {
+        float v = 0.f;
+#pragma unroll
+        for (int i = 0; i < kThreads / 32; ++i) v += red[i][lane];
+        out.store(t0 + lane, n, v * r);
+      }
     }
   }
   // The grid must not end before the previous kernel: the kernel after waits for this one only.
@@ -119,11 +127,12 @@ bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
 void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
                        bool independent) {
   DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
-  // Kernels by the most tokens they load a weight vector for (accumulate loads them all).
+  // Kernels by the most tokens they load a weight vector for (accumulate loads them all): above 8
+// tokens, passes of kSmallGemvPassTokens.
   auto* kernel = T == 1   ? (independent ? small_gemv_kernel<true, 1> : small_gemv_kernel<false, 1>)
                  : T <= 8 ? (independent ? small_gemv_kernel<true, 8> : small_gemv_kernel<false, 8>)
-                          : (independent ? small_gemv_kernel<true, kSmallGemvMaxTokens>
-                                         : small_gemv_kernel<false, kSmallGemvMaxTokens>);
+                          : (independent ? small_gemv_kernel<true, kSmallGemvPassTokens>
+                                         : small_gemv_kernel<false, kSmallGemvPassTokens>);
   launch_kernel("small_gemv", kernel, N, kThreads, 0, s, x, w, out_parts(out, N), T, K);
 }
 
