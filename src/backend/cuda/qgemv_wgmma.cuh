@@ -13,10 +13,14 @@
 //   of the usual nibble order with one byte permute.
 // - Scales in fp32: A holds the exact codes (q - 8); a chunk's 4 k-steps of one m64 tile and 64
 //   tokens sum into a second accumulator, which is scaled into the first (the fp32 math of the
-//   dequantised weights, as the mma.sync GEMVs give). Folding the scale into A instead (bf16 (q -
-//   8) times the scale in bf16, one wgmma chain a chunk) was a little faster (a 128-token step 27.1
-//   against 29.2 ms, H100) but put a bf16 rounding on every weight, which took the tiny W4A16
-//   fixture's logits past the bf16 tolerance (rel_rms 0.040 against a bound of 0.035).
+//   dequantised weights, as the mma.sync GEMVs give). At 64 tokens a launch the chunks of one
+//   group (2 at group 128) sum into it before their scale is applied once: C64 at 1k 19.44-19.48
+//   against 20.19-20.21 ms scaling each chunk's, H100 (docs/perf/2026-12-06-s66-cuda-27b.md).
+//   Folding the scale into A instead (bf16 (q - 8) times the scale in bf16, one wgmma chain a
+//   chunk) was a little faster (a 128-token step 27.1 against 29.2 ms, H100) but put a bf16
+//   rounding on every weight, which took the tiny W4A16 fixture's logits past the bf16 tolerance
+//   (rel_rms 0.040 against a bound of 0.035); in fp16 (s65) it was slower (C64 20.84 against
+//   19.44-19.48 ms, a 128-token step 27.5 against 25.1; 2026-12-05-s65-wgmma-f16.patch).
 // - B (inputs) from shared memory: each chunk's inputs lie as the copy engine's 128-byte swizzle
 //   writes them, [tokens][64 columns], which is wgmma's K-major layout with that swizzle; a k-step
 //   is the chunk's descriptor advanced by 32 bytes, the second 64 tokens 8 KB further.
@@ -93,8 +97,10 @@ __device__ __forceinline__ void wgmma_keep(float (&d)[8][4]) {
 // The kernel's parameters are the wide kernel's (qgemv_wide_kernel), S = kWideStages; its stages
 // hold inputs for all 8 NT token rows (wide_smem_bytes(8 NT, ...)), since wgmma reads them all
 // (those past T hold stale values whose outputs are never stored). M: m64 tiles a warpgroup, so
-// 4 / M warpgroups a block (wgmma_threads). Built for sm_90a only: elsewhere it traps, and the
-// launcher never picks it (w4a16.cu).
+// 4 / M warpgroups a block (wgmma_threads). At 64 tokens a tile, windows of 1 << w.slot_shift
+// chunks (one group's) sum into the sums accumulator before their scale is applied once; the
+// 128-token form scales each chunk's sums, as the other forms do. Built for sm_90a only:
+// elsewhere it traps, and the launcher never picks it (w4a16.cu).
 __host__ __device__ constexpr int wgmma_threads(int M) { return 4 / M * 128; }
 template <int NT, int M>
 __global__ void __launch_bounds__(wgmma_threads(M), 1)
@@ -121,50 +127,81 @@ __global__ void __launch_bounds__(wgmma_threads(M), 1)
   // The warp's row block of its m64 tile m in the tile (a stage's weights).
   auto local_rb = [&](int m) { return (wg * M + m) * 4 + wq; };
 
-  float sums[8][4] = {};  // one m64 tile's sums of a chunk for 64 tokens, before the scales
+  float sums[8][4] = {};  // one m64 tile's sums of a window of chunks for 64 tokens, before the scales
+  // Chunks summed before their scale is applied: 1 << slot_shift of one group at 64 tokens a tile
+  // (one m64 tile and one half a warpgroup: sums is not needed between chunks); one elsewhere.
+  constexpr bool kWindows = M == 1 && NT == 8;
+  const int window = 1 << w.slot_shift;
+  // acc[m] += the scales s[m] times sums, for tokens [64 h, 64 h + 64).
+  auto scale_into = [&](int m, int h, const float2 (&s)[M]) {
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      acc[m][8 * h + nt][0] += s[m].x * sums[nt][0];
+      acc[m][8 * h + nt][1] += s[m].x * sums[nt][1];
+      acc[m][8 * h + nt][2] += s[m].y * sums[nt][2];
+      acc[m][8 * h + nt][3] += s[m].y * sums[nt][3];
+    }
+  };
+  // The scales of rows g and g + 8 of chunk c's group, s[m] for m64 tile m.
+  auto scales_of = [&](int slot, int c, float2 (&s)[M]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      s[m] = reinterpret_cast<const float2*>(st.weights(slot, local_rb(m)))[(c >> w.slot_shift) * 8 + g];
+  };
+  // Chunk c of the stage in slot `slot` into sums (from zero where asked), scaled into acc at once
+  // unless windows are on.
+  auto chunk = [&](int slot, int c, bool from_zero, const float2 (&s)[M]) {
+    uint32_t a[M][4][4];  // bf16x2 [m64 tile][k-step][register]: the codes q - 8
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const unsigned char* unit = st.weights(slot, local_rb(m));
+      const uint4* chunk = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes + c * kChunkBytes);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 v = chunk[4 * g + j];
+        const uint32_t word = __byte_perm(odd_words ? v.y : v.x, odd_words ? v.w : v.z, perm);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) a[m][j][r] = nibbles_to_bf16x2(word >> (4 * r));
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int h = 0; h < NT / 8; ++h) {  // tokens [64 h, 64 h + 64)
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < 4; ++j)  // (rows past N: zeros, never stored)
+          wgmma_m64n64k16(sums, a[m][j], wgmma_desc_sw128(st.inputs(slot, c) + 8192 * h + 32 * j),
+                          j > 0 || !from_zero);
+        wgmma_commit();
+        wgmma_wait_all();
+#pragma unroll
+        for (int j = 0; j < 4; ++j) wgmma_keep(a[m][j]);
+        wgmma_keep(sums);
+        if constexpr (!kWindows) scale_into(m, h, s);
+      }
+  };
   for (int i = 0; i < st.n_steps; ++i) {
     const int64_t f = st.f0 + i;
     const int tile = static_cast<int>(f / deal.units), u = static_cast<int>(f % deal.units), slot = i % S;
     const int nch = st.chunks(f);
     st.wait_full(i);
+    float2 s[M];
+    if constexpr (kWindows) {
 #pragma unroll 1
-    for (int c = 0; c < nch; ++c) {
-      uint32_t a[M][4][4];  // bf16x2 [m64 tile][k-step][register]: the codes q - 8
-      float2 s[M];          // the scales of rows g and g + 8
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        const unsigned char* unit = st.weights(slot, local_rb(m));
-        s[m] = reinterpret_cast<const float2*>(unit)[(c >> w.slot_shift) * 8 + g];
-        const uint4* chunk = reinterpret_cast<const uint4*>(unit + w.slots * kSlotBytes + c * kChunkBytes);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const uint4 v = chunk[4 * g + j];
-          const uint32_t word = __byte_perm(odd_words ? v.y : v.x, odd_words ? v.w : v.z, perm);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) a[m][j][r] = nibbles_to_bf16x2(word >> (4 * r));
-        }
+      for (int c0 = 0; c0 < nch; c0 += window) {
+        scales_of(slot, c0, s);
+        const int c1 = min(c0 + window, nch);
+#pragma unroll 1
+        for (int c = c0; c < c1; ++c) chunk(slot, c, c == c0, s);
+        scale_into(0, 0, s);
       }
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int h = 0; h < NT / 8; ++h) {  // tokens [64 h, 64 h + 64)
-          wgmma_fence();
-#pragma unroll
-          for (int j = 0; j < 4; ++j)  // (rows past N: zeros, never stored)
-            wgmma_m64n64k16(sums, a[m][j], wgmma_desc_sw128(st.inputs(slot, c) + 8192 * h + 32 * j), j > 0);
-          wgmma_commit();
-          wgmma_wait_all();
-#pragma unroll
-          for (int j = 0; j < 4; ++j) wgmma_keep(a[m][j]);
-          wgmma_keep(sums);
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            acc[m][8 * h + nt][0] += s[m].x * sums[nt][0];
-            acc[m][8 * h + nt][1] += s[m].x * sums[nt][1];
-            acc[m][8 * h + nt][2] += s[m].y * sums[nt][2];
-            acc[m][8 * h + nt][3] += s[m].y * sums[nt][3];
-          }
-        }
+    } else {
+#pragma unroll 1
+      for (int c = 0; c < nch; ++c) {
+        scales_of(slot, c, s);
+        chunk(slot, c, true, s);
+      }
     }
     st.release(i, warp, lane);  // the warp's wgmma have read the slot (waited for above)
     // Partials loaded one at a time: at 128 tokens no registers are left for all of them at once.
