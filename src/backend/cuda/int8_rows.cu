@@ -165,12 +165,7 @@ void launch_wide(const Int8Tiled& w, const bf16* x, const OutParts& parts, float
   const cuuint32_t sbox[3] = {16, 2, qgemv::kWideTileBlocks};
   const CUtensorMap smap =
       tensor_map(CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, w.scales, sdims, sstrides, sbox, CU_TENSOR_MAP_SWIZZLE_NONE);
-  // x bf16 [T][K]: a box is one 64-column chunk of every token, swizzled by 128 bytes.
-  const cuuint64_t xdims[2] = {cuuint64_t(K), cuuint64_t(T)};
-  const cuuint64_t xstrides[1] = {cuuint64_t(K) * 2};
-  const cuuint32_t xbox[2] = {qgemv::kChunk, cuuint32_t(T)};
-  const CUtensorMap xmap =
-      tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, xdims, xstrides, xbox, CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMap xmap = wide_input_map(x, T, K);
   launch_kernel("int8_wide", qgemv::qgemv_wide_kernel<NT, Int8Tiled>, dim3(deal.blocks), dim3(qgemv::kWideThreads),
                 smem, s, wmap, xmap, smap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
 }

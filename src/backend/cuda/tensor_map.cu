@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/qgemv_kernel.cuh"
 #include "core/log.h"
 
 namespace ds::cuda {
@@ -32,6 +33,13 @@ CUtensorMap tensor_map(CUtensorMapDataType type, int rank, const void* base, con
   DS_ASSERT(r == CUDA_SUCCESS, "cuTensorMapEncodeTiled: error %d (rank %d, dims %llu x %llu)", static_cast<int>(r),
             rank, static_cast<unsigned long long>(dims[0]), static_cast<unsigned long long>(dims[1]));
   return m;
+}
+
+CUtensorMap wide_input_map(const void* x, int T, int K) {
+  const cuuint64_t dims[2] = {cuuint64_t(K), cuuint64_t(T)};
+  const cuuint64_t strides[1] = {cuuint64_t(K) * 2};
+  const cuuint32_t box[2] = {qgemv::kChunk, cuuint32_t(T)};
+  return tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 }  // namespace ds::cuda

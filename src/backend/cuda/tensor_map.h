@@ -12,4 +12,8 @@ namespace ds::cuda {
 CUtensorMap tensor_map(CUtensorMapDataType type, int rank, const void* base, const cuuint64_t* dims,
                        const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle);
 
+// The wide GEMVs' inputs, x bf16 [T][K]: a box is one 64-column chunk of every token, swizzled by
+// 128 bytes.
+CUtensorMap wide_input_map(const void* x, int T, int K);
+
 }  // namespace ds::cuda

@@ -311,12 +311,7 @@ void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* 
   const cuuint32_t wbox[3] = {16, cuuint32_t(granules), cuuint32_t(qgemv::kWideTileBlocks)};
   const CUtensorMap wmap =
       tensor_map(CU_TENSOR_MAP_DATA_TYPE_UINT32, 3, w.base, wdims, wstrides, wbox, CU_TENSOR_MAP_SWIZZLE_NONE);
-  // x bf16 [T][K]: a box is one 64-column chunk of every token, swizzled by 128 bytes.
-  const cuuint64_t xdims[2] = {cuuint64_t(K), cuuint64_t(T)};
-  const cuuint64_t xstrides[1] = {cuuint64_t(K) * 2};
-  const cuuint32_t xbox[2] = {qgemv::kChunk, cuuint32_t(T)};
-  const CUtensorMap xmap =
-      tensor_map(CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, xdims, xstrides, xbox, CU_TENSOR_MAP_SWIZZLE_128B);
+  const CUtensorMap xmap = wide_input_map(x, T, K);
   if constexpr (Wg)
     launch_kernel("qgemv_wgmma", wide_kernel<NT, Wg, M>(), dim3(deal.blocks), dim3(qgemv::wgmma_threads(M)), smem, s,
                   wmap, xmap, w, parts, partial, counters, deal, T, N, qgemv::kWideStages);
