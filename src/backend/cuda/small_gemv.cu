@@ -128,7 +128,7 @@ void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, 
                        bool independent) {
   DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
   // Kernels by the most tokens they load a weight vector for (accumulate loads them all): above 8
-// tokens, passes of kSmallGemvPassTokens.
+  // tokens, passes of kSmallGemvPassTokens.
   auto* kernel = T == 1   ? (independent ? small_gemv_kernel<true, 1> : small_gemv_kernel<false, 1>)
                  : T <= 8 ? (independent ? small_gemv_kernel<true, 8> : small_gemv_kernel<false, 8>)
                           : (independent ? small_gemv_kernel<true, kSmallGemvPassTokens>
