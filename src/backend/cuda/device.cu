@@ -122,6 +122,16 @@ int sm_count() {
   static const int n = current_device_attribute(cudaDevAttrMultiProcessorCount);
   return n;
 }
+int compute_capability_major() {
+  static const int major = [] {
+    int dev = 0, v = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+                   cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess
+               ? v
+               : 0;
+  }();
+  return major;
+}
 int smem_per_sm() {
   static const int n = current_device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor);
   return n;

@@ -120,14 +120,9 @@ bool g_wide = env_flag("DS_INT8_WIDE", true);
 // Whether a launch of T tokens over N rows and K columns takes the wide kernel: 9 or more tokens,
 // a GPU with box copies (compute capability 9.0 and up), and a counter for each tile.
 bool takes_wide(int T, int N, int K) {
-  static const bool sm90 = [] {
-    int dev = 0, major = 0;
-    return cudaGetDevice(&dev) == cudaSuccess &&
-           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
-  }();
-  return g_wide && sm90 && T > 8 && qgemv::wide_deal(N, K, sm_count()).tiles <= kGemvMaxSplitTiles;
+  return g_wide && compute_capability_major() >= 9 && T > 8 &&
+         qgemv::wide_deal(N, K, sm_count()).tiles <= kGemvMaxSplitTiles;
 }
-int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 
 // The wide kernel's dynamic shared-memory limit raised to the opt-in maximum, once per instance.
 template <int NT>
@@ -146,9 +141,8 @@ void launch_wide(const Int8Tiled& w, const bf16* x, const OutParts& parts, float
   DS_ASSERT(need == 0 || (partial && partial_floats >= need),
             "int8 wide GEMV: partials of %lld floats given, %lld needed (N %d, K %d)",
             static_cast<long long>(partial ? partial_floats : 0), static_cast<long long>(need), N, K);
-  // At least half an SM's shared memory, so that no SM takes two blocks while another has none.
-  const size_t ring = qgemv::wide_smem_bytes(T, Int8Tiled::unit_bytes, Int8Tiled::kStagedScaleBytes);
-  const size_t smem = std::max(ring, size_t(max_smem) / 2 + 1024);
+  const size_t smem =
+      qgemv::wide_launch_smem(qgemv::wide_smem_bytes(T, Int8Tiled::unit_bytes, Int8Tiled::kStagedScaleBytes), max_smem);
   DS_ASSERT(smem <= size_t(max_smem), "int8 wide GEMV: %zu bytes of shared memory, the GPU allows %d", smem,
             max_smem);
   // The codes as u32 [n_rb][n_chunks * 16][16] (a chunk of a row block: 16 rows of 64 bytes), a
@@ -223,7 +217,8 @@ int int8_gemv_splits(int T, int N, int K) {
 }
 
 int64_t int8_gemv_partial_floats(int T, int N, int K) {
-  if (takes_wide(T, N, K)) return qgemv::wide_partial_floats(qgemv::wide_deal(N, K, sm_count()), wide_tiles(T));
+  if (takes_wide(T, N, K))
+    return qgemv::wide_partial_floats(qgemv::wide_deal(N, K, sm_count()), qgemv::wide_token_tiles(T));
   const int splits = int8_gemv_splits(T, N, K);
   return splits > 1 ? int64_t(splits) * T * N : 0;
 }
@@ -238,7 +233,7 @@ void launch_int8_gemv(const bf16* x, const int8_t* q, const float* scales, const
   const Int8Tiled w{q, scales, K / qgemv::kChunk, K / 128};
   const OutParts o = out_parts(out, N);
   if (takes_wide(T, N, K)) {
-    const int nt = wide_tiles(T);
+    const int nt = qgemv::wide_token_tiles(T);
     if (nt == 2) launch_wide<2>(w, x, o, partial, partial_floats, counters, T, N, K, s);
     else if (nt == 4) launch_wide<4>(w, x, o, partial, partial_floats, counters, T, N, K, s);
     else launch_wide<8>(w, x, o, partial, partial_floats, counters, T, N, K, s);

@@ -156,6 +156,9 @@ void set_pdl_enabled(bool on);
 // asked once.
 int sm_count();
 int smem_per_sm();
+// The current device's compute capability major (9: Hopper's box copies and wgmma); 0 where the
+// device cannot be asked. Asked once.
+int compute_capability_major();
 // The shared memory one block may opt in to (bytes, static and dynamic together).
 int smem_per_block_optin();
 // Diagnostics: kernels whose launch name (launch_kernel's first argument) is listed in env

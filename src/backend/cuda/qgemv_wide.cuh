@@ -69,6 +69,12 @@ inline size_t wide_stage_bytes(int T, int unit_bytes, int scale_bytes) {
 inline size_t wide_smem_bytes(int T, int unit_bytes, int scale_bytes = 0) {
   return mbar_array_bytes(2 * kWideStages) + 1024 + kWideStages * wide_stage_bytes(T, unit_bytes, scale_bytes);
 }
+// What a launch asks for (max_smem: a block's opt-in limit): its stages' `ring` bytes, but at least
+// half an SM's, so that no SM takes two blocks while another has none (the deal gives each SM one;
+// at 16 tokens two blocks fit an SM by registers and stages alone).
+inline size_t wide_launch_smem(size_t ring, int max_smem) { return std::max(ring, size_t(max_smem) / 2 + 1024); }
+// The token tiles of 8 of a launch of 9-64 tokens (the kernel's instances: 2, 4, 8).
+inline int wide_token_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : 8; }
 
 // Box copies of a tensor map (cp.async.bulk.tensor) into shared memory, completed on bar.
 __device__ __forceinline__ void tensor_copy_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {

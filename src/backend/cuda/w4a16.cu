@@ -262,7 +262,7 @@ bool takes_wide(int T) { return T > 8 && w4a16_gemv_tma() && g_wide; }
 bool takes_wgmma() { return g_wgmma && w4a16_gemv_tma() && g_wide; }
 // The wide kernels' token tiles of 8 for T tokens (their instances: 2, 4, 8, and the wgmma
 // kernel's 16).
-int wide_tiles(int T) { return T <= 16 ? 2 : T <= 32 ? 4 : T <= 64 ? 8 : qgemv::kWgmmaTiles; }
+int wide_tiles(int T) { return T <= 64 ? qgemv::wide_token_tiles(T) : qgemv::kWgmmaTiles; }
 
 // The most tokens one launch takes: kW4A16GemvMaxTokens on the wgmma kernel, 64 (8 token tiles)
 // on the others.
@@ -296,11 +296,8 @@ void launch_wide(const W4Tiled& w, const bf16* x, const OutParts& parts, float* 
   DS_ASSERT(need == 0 || (partial && int64_t(splits) * T * N >= need),
             "W4A16 wide GEMV: partials of %lld floats given, %lld needed (N %d, K %d)",
             static_cast<long long>(partial ? int64_t(splits) * T * N : 0), static_cast<long long>(need), N, K);
-  // At least half an SM's shared memory, so that no SM takes two blocks while another has none (the
-  // deal gives each SM one; at 16 tokens two blocks fit an SM by registers and stages alone).
   // (The wgmma kernel's stages hold inputs for all its 8 NT token rows.)
-  const size_t ring = qgemv::wide_smem_bytes(Wg ? 8 * NT : T, w.unit_bytes);
-  const size_t smem = std::max(ring, size_t(max_smem) / 2 + 1024);
+  const size_t smem = qgemv::wide_launch_smem(qgemv::wide_smem_bytes(Wg ? 8 * NT : T, w.unit_bytes), max_smem);
   DS_ASSERT(smem <= size_t(max_smem), "W4A16 wide GEMV: %zu bytes of shared memory, the GPU allows %d", smem,
             max_smem);
   // The weight as u32 [n_rb][n_units * unit_bytes / 64][16]: a box is one unit of 16 row blocks.
@@ -369,13 +366,7 @@ int w4a16_gemv_tokens() {
 void set_w4a16_gemv_tokens(int n) { g_tokens = std::clamp(n, 0, kW4A16GemvMaxTokens); }
 
 bool w4a16_gemv_tma() {
-  if (g_tma < 0) {
-    int dev = 0, major = 0;
-    const bool sm90 = cudaGetDevice(&dev) == cudaSuccess &&
-                      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                      major >= 9;
-    g_tma = env_choice("DS_W4A16_GEMV", "regs", "tma", sm90);
-  }
+  if (g_tma < 0) g_tma = env_choice("DS_W4A16_GEMV", "regs", "tma", compute_capability_major() >= 9);
   return g_tma == 1;
 }
 void set_w4a16_gemv_tma(bool on) { g_tma = on ? 1 : 0; }
