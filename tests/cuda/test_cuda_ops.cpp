@@ -170,14 +170,16 @@ TEST_F(CudaOpsTest, LinearEmbeddingGather) {
   }
 }
 
-// A fused dense weight (Ops::linear_parts): the small-GEMV launch with parts (T <= 32, in passes
-// of 16 tokens above 8; widths not multiples of 8) and the default row views beyond it; the same
-// after a linear of the same input, where the small GEMV waits for it only at its end.
+// A fused dense weight (Ops::linear_parts): the small-GEMV launch with parts (T <= 32, a block a
+// pass of 8 tokens above 8; widths not multiples of 8; K = 8,200 past the weight vectors a thread
+// loads before its loop) and the default row views beyond it; the same after a linear of the same
+// input, where the small GEMV waits for it only at its end.
 TEST_F(CudaOpsTest, DenseLinearParts) {
-  const int K = 96;
   const std::vector<int> widths = {5, 48, 43};
   const int N = 96;
+  for (int K : {96, 8200})
   for (int T : {1, 7, 16, 17, 32, 33, 65}) {
+    const std::string at = "_K" + std::to_string(K) + "_T" + std::to_string(T);
     auto x = both(random_bf16(T * K, rng), {T, K});
     LinearWeight wc, wg;
     auto w = both(random_bf16(N * K, rng, 0.1f), {N, K});
@@ -193,7 +195,7 @@ TEST_F(CudaOpsTest, DenseLinearParts) {
     cpu.linear_parts(x.first, wc, pc);
     gpu->linear_parts(x.second, wg, pg);
     for (size_t i = 0; i < parts.size(); ++i)
-      expect_close(parts[i], 1e-2, "linear_parts_T" + std::to_string(T) + "_part" + std::to_string(i));
+      expect_close(parts[i], 1e-2, "linear_parts" + at + "_part" + std::to_string(i));
     // After a linear of the same input (a fused linear's second group): the same values, the
     // small GEMV waiting for that linear only at its end.
     auto download = [&](Tensor t) {
@@ -209,7 +211,7 @@ TEST_F(CudaOpsTest, DenseLinearParts) {
     Tensor other = gpu->scratch(DType::kBF16, {T, N});
     gpu->linear(x.second, wg.dense, other);
     gpu->linear_parts(x.second, wg, pg, /*after_same_input=*/true);
-    for (size_t i = 0; i < pg.size(); ++i) EXPECT_EQ(download(pg[i]), first[i]) << "T " << T << " part " << i;
+    for (size_t i = 0; i < pg.size(); ++i) EXPECT_EQ(download(pg[i]), first[i]) << at << " part " << i;
     // A deferred norm's scale (RowScale: the sums of squares of two parts of each row), which the
     // small GEMV takes a pass of tokens at a time.
     std::vector<float> ss(2 * T);
@@ -221,7 +223,7 @@ TEST_F(CudaOpsTest, DenseLinearParts) {
     cpu.linear_parts(x.first, wc, pc, false, sc);
     gpu->linear_parts(x.second, wg, pg, false, sg);
     for (size_t i = 0; i < parts.size(); ++i)
-      expect_close(parts[i], 1e-2, "linear_parts_scaled_T" + std::to_string(T) + "_part" + std::to_string(i));
+      expect_close(parts[i], 1e-2, "linear_parts_scaled" + at + "_part" + std::to_string(i));
   }
 }
 

@@ -341,8 +341,8 @@ void launch_int8_embedding(const int8_t* q, const float* scales, const int32_t* 
 void launch_fill_random_bits(uint32_t* x, int64_t n, uint64_t seed, cudaStream_t s);
 
 // Dense bf16 out [T, N] = x [T, K] . w [N, K]^T for N <= kSmallGemvMaxRows output rows and
-// T <= kSmallGemvMaxTokens tokens (x and w 16-byte aligned, K % 8 == 0): one block per row.
-// Up to 32 tokens, two passes of 16 (cuBLAS above): taking 33-64 tokens too made C64 at 1k 0.6 ms
+// T <= kSmallGemvMaxTokens tokens (x and w 16-byte aligned, K % 8 == 0): a block per row and pass
+// of up to 8 tokens. Up to 32 tokens (cuBLAS above): taking 33-64 tokens too made C64 at 1k 0.6 ms
 // slower on an H100 (20.95-21.00 against 20.32-20.41 ms; docs/perf/2026-12-06-s66-cuda-27b.md).
 constexpr int kSmallGemvMaxTokens = 32;
 constexpr int kSmallGemvMaxRows = 256;
