@@ -15,29 +15,38 @@ namespace {
 
 constexpr int kThreads = 256;
 
+constexpr int kPreloaded = 4;   // weight vectors a thread loads before pdl_wait (all of K <= 8,192)
 constexpr int kPassTokens = 8;  // the most tokens a block takes
 
-// Block (n, p): out[t, n] = sum_k x[t, k] w[n, k] for the pass's tokens t = p MaxT .. min(T,
-// (p + 1) MaxT) - 1 (T <= kSmallGemvMaxTokens), 16-byte vectors (K % 8 == 0), fp32 accumulation.
-// The row's first Pre vectors a thread load before pdl_wait (no kernel writes weights). Independent
-// (launch_small_gemv): no wait before the work, one at the end, and x read from L2; it also lets
-// the next kernel launch at once (pdl_trigger first), so that kernel's blocks are resident, and
-// have loaded what they may before their pdl_wait, when the kernel before this one ends (their
-// pdl_wait still returns only once this one has ended). The GDN layer's conv1d after
+// Block (n, p): out[t, n] = sum_k x[t, k] w[n, k] for the pass's tokens t = p MaxT .. min(T, (p +
+// 1) MaxT) - 1 (T <= kSmallGemvMaxTokens; MaxT 1 where T is 1, else kPassTokens), 16-byte vectors
+// (K % 8 == 0), fp32 accumulation. The row's first vectors load before pdl_wait (no kernel writes
+// weights). sm_90a registers: 36-39 at one token, 85-99 at eight, against 64 / 121 / 193 (1 / 8 /
+// 16 tokens) when a block took a row and looped over every pass, keeping the preloaded vectors and
+// more across passes; 85 x 256 fit an SM beside two 256-thread blocks of 80 (the split GEMV
+// launches that the independent form runs beside). In blocks of 8 tokens rather than a block a row
+// doing two passes of 16, in_proj_b/a took 4.85 us a launch at C32 against 7.65, and on an H100 C2
+// at 1k 6.20-6.23 ms against 6.26-6.31, C16 9.79-9.81 against 9.88-9.94, verify 16 at 4k 9.11-9.12
+// against 9.24-9.29, the rest even (docs/perf/2026-12-06-s68-cuda-27b.md).
+//
+// Independent (launch_small_gemv): no wait before the work, one at the end, and x read from L2; it
+// also lets the next kernel launch at once (pdl_trigger first), so that kernel's blocks are
+// resident, and have loaded what they may before their pdl_wait, when the kernel before this one
+// ends (their pdl_wait still returns only once this one has ended). The GDN layer's conv1d after
 // in_proj_b/a: C1 5.60-5.65 against 5.70-5.73 ms, verify 1 at 4k 5.65-5.66 against 5.77, verify 8
 // 6.59-6.62 against 6.64-6.69, C8 6.92-6.98 against 7.03-7.06 on the H200
 // (docs/perf/2026-12-03-s29-cuda-27b.md). The conv1d triggering first as well lost that again.
-template <bool Independent, int MaxT, int Pre>
-__device__ __forceinline__ void small_gemv_pass(const bf16* __restrict__ x, const bf16* __restrict__ w, OutParts out,
-                                                int T, int K) {
+template <bool Independent, int MaxT>
+__global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                              OutParts out, int T, int K) {
   __shared__ float red[kThreads / 32][MaxT];
   const int n = blockIdx.x, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int t0 = blockIdx.y * MaxT, nt = min(MaxT, T - t0);  // the pass's tokens t0 .. t0 + nt - 1
   const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
   if constexpr (Independent) pdl_trigger();
-  uint4 pre[Pre];
+  uint4 pre[kPreloaded];
 #pragma unroll
-  for (int i = 0; i < Pre; ++i) {
+  for (int i = 0; i < kPreloaded; ++i) {
     const int c = threadIdx.x + i * kThreads;
     if (c < K / 8) pre[i] = __ldg(wr + c);
   }
@@ -80,11 +89,11 @@ __device__ __forceinline__ void small_gemv_pass(const bf16* __restrict__ x, cons
     }
   };
 #pragma unroll
-  for (int i = 0; i < Pre; ++i) {
+  for (int i = 0; i < kPreloaded; ++i) {
     const int c = threadIdx.x + i * kThreads;
     if (c < K / 8) accumulate(c, pre[i]);
   }
-  for (int c = threadIdx.x + Pre * kThreads; c < K / 8; c += kThreads) accumulate(c, __ldg(wr + c));
+  for (int c = threadIdx.x + kPreloaded * kThreads; c < K / 8; c += kThreads) accumulate(c, __ldg(wr + c));
 #pragma unroll
   for (int t = 0; t < MaxT; ++t) {
     const float v = warp_sum(acc[t]);
@@ -108,25 +117,6 @@ __device__ __forceinline__ void small_gemv_pass(const bf16* __restrict__ x, cons
   if constexpr (Independent) pdl_wait();
 }
 
-// One token, or 2-8 in one pass: four weight vectors a thread before pdl_wait (all of K <= 8,192).
-template <bool Independent, int MaxT>
-__global__ void __launch_bounds__(kThreads) small_gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                              OutParts out, int T, int K) {
-  small_gemv_pass<Independent, MaxT, 4>(x, w, out, T, K);
-}
-
-// 9-32 tokens, a block a pass of 8 in at most 96 registers (three weight vectors before pdl_wait,
-// all of K <= 6,144; 24 bytes spill, in the epilogue): 256 x 96 registers fit an SM beside two
-// 256-thread blocks of 80 (the split GEMV launches), where small_gemv_kernel<8> takes 121. At C32
-// the GDN layer's in_proj_b/a took 4.44 us a launch against 7.65 for a block a row doing two
-// passes of 16 (C32 at 1k 13.00-13.01 against 13.05-13.17 ms, C16 9.75-9.76 against 9.83-9.85,
-// verify 16 at 4k 9.00 against 9.07-9.16 on an H100; docs/perf/2026-12-06-s68-cuda-27b.md).
-template <bool Independent>
-__global__ void __maxnreg__(96) small_gemv_passes_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                         OutParts out, int T, int K) {
-  small_gemv_pass<Independent, kPassTokens, 3>(x, w, out, T, K);
-}
-
 }  // namespace
 
 bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
@@ -137,11 +127,10 @@ bool small_gemv_supported(const void* x, const void* w, int T, int N, int K) {
 void launch_small_gemv(const bf16* x, const bf16* w, const GemvOut& out, int T, int N, int K, cudaStream_t s,
                        bool independent) {
   DS_ASSERT(small_gemv_supported(x, w, T, N, K), "small GEMV: T %d, N %d, K %d", T, N, K);
-  // Kernels by the most tokens they load a weight vector for (accumulate loads them all); above 8
-  // tokens a block a pass of kPassTokens.
-  auto* kernel = T == 1   ? (independent ? small_gemv_kernel<true, 1> : small_gemv_kernel<false, 1>)
-                 : T <= 8 ? (independent ? small_gemv_kernel<true, 8> : small_gemv_kernel<false, 8>)
-                          : (independent ? small_gemv_passes_kernel<true> : small_gemv_passes_kernel<false>);
+  // Kernels by the most tokens they load a weight vector for (accumulate loads them all); a block
+  // a row and pass of up to kPassTokens.
+  auto* kernel = T == 1 ? (independent ? small_gemv_kernel<true, 1> : small_gemv_kernel<false, 1>)
+                        : (independent ? small_gemv_kernel<true, kPassTokens> : small_gemv_kernel<false, kPassTokens>);
   const int passes = (T + kPassTokens - 1) / kPassTokens;
   launch_kernel("small_gemv", kernel, dim3(N, passes), kThreads, 0, s, x, w, out_parts(out, N), T, K);
 }
