@@ -24,10 +24,10 @@ constexpr int kPassTokens = 8;  // the most tokens a block takes
 // weights). sm_90a registers: 36-39 at one token, 85-99 at eight, against 64 / 121 / 193 (1 / 8 /
 // 16 tokens) when a block took a row and looped over every pass, keeping the preloaded vectors and
 // more across passes; 85 x 256 fit an SM beside two 256-thread blocks of 80 (the split GEMV
-// launches that the independent form runs beside). In blocks of 8 tokens rather than a block a row
-// doing two passes of 16, in_proj_b/a took 4.85 us a launch at C32 against 7.65, and on an H100 C2
-// at 1k 6.20-6.23 ms against 6.26-6.31, C16 9.79-9.81 against 9.88-9.94, verify 16 at 4k 9.11-9.12
-// against 9.24-9.29, the rest even (docs/perf/2026-12-06-s68-cuda-27b.md).
+// launches that the independent form runs beside). Against that form on an H100: in_proj_b/a 4.60
+// us a launch at C32 (7.65 before), C2 at 1k 6.21-6.25 ms against 6.25-6.30, C16 9.75-9.78 against
+// 9.85-9.86, verify 4 at 4k 6.50-6.54 against 6.55-6.56, the rest even or within the spread
+// (docs/perf/2026-12-06-s68-cuda-27b.md).
 //
 // Independent (launch_small_gemv): no wait before the work, one at the end, and x read from L2; it
 // also lets the next kernel launch at once (pdl_trigger first), so that kernel's blocks are
