@@ -25,7 +25,7 @@ constexpr int kPassTokens = 8;  // the most tokens a block takes
 // 16 tokens) when a block took a row and looped over every pass, keeping the preloaded vectors and
 // more across passes; 85 x 256 fit an SM beside two 256-thread blocks of 80 (the split GEMV
 // launches that the independent form runs beside). Against that form on an H100: in_proj_b/a 4.60
-// us a launch at C32 (7.65 before), C2 at 1k 6.21-6.25 ms against 6.25-6.30, C16 9.75-9.78 against
+// us a launch at C32 (7.65 in s67), C2 at 1k 6.21-6.25 ms against 6.25-6.30, C16 9.75-9.78 against
 // 9.85-9.86, verify 4 at 4k 6.50-6.54 against 6.55-6.56, the rest even or within the spread
 // (docs/perf/2026-12-06-s68-cuda-27b.md).
 //
