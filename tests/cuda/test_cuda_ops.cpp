@@ -171,7 +171,7 @@ TEST_F(CudaOpsTest, LinearEmbeddingGather) {
 }
 
 // A fused dense weight (Ops::linear_parts): the small-GEMV launch with parts (T <= 32, a block a
-// pass of 8 tokens above 8; widths not multiples of 8; K = 8,200 past the weight vectors a thread
+// pass of up to 8 tokens; widths not multiples of 8; K = 8,200 past the weight vectors a thread
 // loads before its loop) and the default row views beyond it; the same after a linear of the same
 // input, where the small GEMV waits for it only at its end.
 TEST_F(CudaOpsTest, DenseLinearParts) {
