@@ -32,7 +32,7 @@ constexpr int kThreads = 32 * kWarps;
 
 // Shared memory (bf16): Q [kBM, HD], K [2][kBN, HD], V [2][kBN, HD]; hd 256: 192 KiB.
 template <int HD>
-constexpr int prefill_smem_bytes() {
+__host__ __device__ constexpr int prefill_smem_bytes() {
   return (kBM + 4 * kBN) * HD * 2;
 }
 
@@ -167,10 +167,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
   pdl_trigger();
 
-  // Q rows (zeros past the sequence's end).
+  // Q rows up to the last warp's with rows (zeros past the sequence's end): at verify 8 (48 rows)
+  // all 128 took 0.8 us more a launch (H100, docs/perf/2026-12-06-s70-cuda-27b.md).
+  const int q_rows = (rows + 15) / 16 * 16;
 #pragma unroll
   for (int i = 0; i < kBM * CH / kThreads; ++i) {
     const int id = tid + i * kThreads, row = id / CH, ch = id % CH;
+    if (row >= q_rows) break;
     const bool valid = row < rows;
     const bf16* src = valid ? q + row_th(row) * HD + ch * 8 : q;
     cp_async16(smem_u32(sQ + swz<HD>(row, ch)), src, valid);
@@ -319,21 +322,41 @@ __global__ void __launch_bounds__(kThreads, 1)
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 1);
   l_b += __shfl_xor_sync(0xffffffffu, l_b, 2);
   if (n_splits > 1) {
-    // Unnormalised rows, max in natural-log units (as attention_kernel writes them). A split
-    // with no visible key for a row leaves max -inf and sum 0, which the combine skips.
+    // Unnormalised rows, max in natural-log units (as attention_kernel writes them), staged in
+    // shared memory from its start once the tiles are done (f32 [rows][kStride]: 8 floats of
+    // padding put the 16 lanes of a fragment's 8-byte store in distinct banks), then written a row
+    // a warp at a time, the lanes on consecutive floats. A split with no visible key for a row
+    // leaves max -inf and sum 0, which the combine skips. (Each thread's 8-byte stores of its own
+    // fragments, 8 rows an instruction, took 3.7 us of the verify 8 launch's 17 at 4k; staged, the
+    // launch took 2.4 us less: H100, docs/perf/2026-12-06-s70-cuda-27b.md.)
     constexpr float kLn2 = 0.6931471805599453f;
+    constexpr int kStride = HD + 8;
+    static_assert(kBM * kStride * 4 <= prefill_smem_bytes<HD>(), "the rows' O in f32 within the tiles' room");
+    float* stage = reinterpret_cast<float*>(smem_raw);
+    __syncthreads();  // every thread's copies have landed, every warp is done with the tiles
+    if (has_rows) {
+      float* sa = stage + row_a * kStride + 2 * c;
+      float* sb = stage + row_b * kStride + 2 * c;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = half ? row_b : row_a;
-      if (row >= rows) continue;
-      float* dst = partial + (row_th(row) * n_splits + blockIdx.z) * (HD + 2);
-#pragma unroll
-      for (int i = 0; i < HD / 8; ++i)
-        *reinterpret_cast<float2*>(dst + i * 8 + 2 * c) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
-      if (c == 0) {
-        dst[HD] = (half ? m_b : m_a) * kLn2;
-        dst[HD + 1] = half ? l_b : l_a;
+      for (int i = 0; i < HD / 8; ++i) {
+        *reinterpret_cast<float2*>(sa + i * 8) = make_float2(o[i][0], o[i][1]);
+        *reinterpret_cast<float2*>(sb + i * 8) = make_float2(o[i][2], o[i][3]);
       }
+      if (c == 0) {
+        *reinterpret_cast<float2*>(stage + row_a * kStride + HD) = make_float2(m_a * kLn2, l_a);
+        *reinterpret_cast<float2*>(stage + row_b * kStride + HD) = make_float2(m_b * kLn2, l_b);
+      }
+    }
+    __syncthreads();
+    for (int r = warp; r < rows; r += kWarps) {
+      float* dst = partial + (row_th(r) * n_splits + blockIdx.z) * (HD + 2);
+      const float* src = stage + r * kStride;
+#pragma unroll
+      for (int k = 0; k < HD / 64; ++k) {
+        const int at = 2 * lane + 64 * k;
+        *reinterpret_cast<float2*>(dst + at) = *reinterpret_cast<const float2*>(src + at);
+      }
+      if (lane == 0) *reinterpret_cast<float2*>(dst + HD) = *reinterpret_cast<const float2*>(src + HD);
     }
     return;
   }
