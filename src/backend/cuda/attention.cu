@@ -28,6 +28,12 @@ __device__ __forceinline__ float warp_max(float v) {
 __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf16* v_cache,
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
                                  const int32_t* block_tables, int max_blocks, int width, int block_size, bool vec) {
+  // The attention launch after it may be placed at once, so that it asks for its cached keys
+  // while attention prep runs (it waits for this kernel, and so for prep, before anything else).
+  // Against the trigger after pdl_wait and the flash kernel's keys asked for after its own: verify
+  // 8 at 4k 6.952-7.000 against 6.970-7.005 ms (4 rounds of 5 faster), the flash launch 12.9
+  // against 14.4 us a launch in place (H100, docs/perf/2026-12-06-s70-cuda-27b.md).
+  pdl_trigger();
   // The cache row first: the step plan and the block tables are written before the step, so their
   // three dependent loads run while the previous kernel ends (after pdl_wait they took the kernel
   // to 2.8 us a launch in place at one token, against 1.7 now on the H200: docs/perf/
@@ -37,7 +43,6 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
   const int64_t row =
       cache_row(block_tables + s * max_blocks, n_past[s] + (t - cu_seqlens[s]), block_shift_of(block_size));
   pdl_wait();  // launch.cuh
-  pdl_trigger();
   // vec: 16 bytes a thread, the keys' and values' loads all issued at once. (Element by element,
   // a thread's loads waited on its stores before them, which may alias: 8 round trips to L2 at
   // the 27B's width, 1.87 against 0.95 us a launch in place at C1 on the H200, docs/perf/

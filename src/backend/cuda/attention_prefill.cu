@@ -60,11 +60,12 @@ __device__ __forceinline__ int64_t cache_offset(const int32_t* table, int block_
 
 // The step's own keys and values where attention_decode_kernel appends them itself: key past + i
 // is token seq_start + i of k_new and v_new (bf16 [T, nKV, HD]). k_new null: every key is in the
-// caches.
+// caches, those from past written by the step (kv_append) when in_cache is set.
 struct StepKeys {
   const bf16* k_new = nullptr;
   const bf16* v_new = nullptr;
   int past = 0, seq_start = 0;
+  bool in_cache = false;
 };
 // Which keys of a tile load_kv_tile asks for: those before the step's own (which the kernels
 // before do not write, so they may be asked for before pdl_wait), the others, or all.
@@ -89,7 +90,7 @@ __device__ __forceinline__ void load_kv_tile(bf16* dk, bf16* dv, const bf16* k_c
   static_assert((kBN * CH) % kThreads == 0, "a K/V tile in whole rounds of the CTA");
   static_assert(kBN <= 64, "a tile's blocks of 2 or more keys, one a lane");
   const int first = kt * kBN;
-  const int fresh = step.k_new != nullptr ? step.past : 0;  // the first key of kFresh
+  const int fresh = step.k_new != nullptr || step.in_cache ? step.past : 0;  // the first key of kFresh
   if ((part == KvPart::kCached && first >= fresh) || (part == KvPart::kFresh && first + kBN <= fresh)) return;
   const int b0 = first >> block_shift, lane = tid & 31;
   int entry = 0;  // lane e: the table entry of block b0 + e, where it holds a key below hi
@@ -164,6 +165,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int kt_end = min(n_kv_tiles, kt_begin + per_split);            // (may be none)
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
   const int block_shift = block_shift_of(block_size);
+  // K/V tile `kt` into stage `stage` (zeros for keys >= n_keys: they are masked below). The first
+  // two tiles' keys before the step's own (which kv_append writes) are asked for before pdl_wait,
+  // kv_append letting this launch be placed while attention prep runs.
+  const StepKeys step{nullptr, nullptr, past, seq_start, true};
+  auto load_kv = [&](int kt, int stage, KvPart part) {
+    load_kv_tile<HD>(sK + stage * kBN * HD, sV + stage * kBN * HD, k_cache, v_cache, table, block_shift, nKV, kvh, kt,
+                     0, n_keys, tid, step, part);
+  };
+  if (kt_begin < kt_end) load_kv(kt_begin, 0, KvPart::kCached);
+  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, KvPart::kCached);
   pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
   pdl_trigger();
 
@@ -178,16 +189,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bf16* src = valid ? q + row_th(row) * HD + ch * 8 : q;
     cp_async16(smem_u32(sQ + swz<HD>(row, ch)), src, valid);
   }
-  // K/V tile `kt` into stage `stage` (zeros for keys >= n_keys: they are masked below).
-  auto load_kv = [&](int kt, int stage) {
-    load_kv_tile<HD>(sK + stage * kBN * HD, sV + stage * kBN * HD, k_cache, v_cache, table, block_shift, nKV, kvh, kt,
-                     0, n_keys, tid);
-  };
   // cp.async group g holds K/V tile kt_begin + g (group 0 also Q); empty groups keep the count
   // uniform.
-  if (kt_begin < kt_end) load_kv(kt_begin, 0);
+  if (kt_begin < kt_end) load_kv(kt_begin, 0, KvPart::kFresh);
   cp_async_commit();
-  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1);
+  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, KvPart::kFresh);
   cp_async_commit();
 
   // mma fragment coordinates: this thread holds rows g and g + 8 of the warp's 16 rows, and
@@ -312,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int stage = (kt - kt_begin) & 1;
     if (has_rows) attend_tile(kt, k_row + stage * kBN * HD * 2, v_row + stage * kBN * HD * 2);
     __syncthreads();  // every warp is done with this stage before it is refilled
-    if (kt + 2 < kt_end) load_kv(kt + 2, stage);
+    if (kt + 2 < kt_end) load_kv(kt + 2, stage, KvPart::kAll);
     cp_async_commit();
   }
   cp_async_wait<0>();
