@@ -29,7 +29,8 @@ __global__ void kv_append_kernel(const bf16* k, const bf16* v, bf16* k_cache, bf
                                  const int32_t* seq_of_token, const int32_t* cu_seqlens, const int32_t* n_past,
                                  const int32_t* block_tables, int max_blocks, int width, int block_size, bool vec) {
   // The attention launch after it may be placed at once, so that it asks for its cached keys
-  // while attention prep runs (it waits for this kernel, and so for prep, before anything else).
+  // while attention prep runs (it waits for this kernel, and so for prep, before it reads what
+  // either writes).
   // Against the trigger after pdl_wait and the flash kernel's keys asked for after its own: verify
   // 8 at 4k 6.952-7.000 against 6.970-7.005 ms (4 rounds of 5 faster), the flash launch 12.9
   // against 14.4 us a launch in place (H100, docs/perf/2026-12-06-s70-cuda-27b.md).
