@@ -58,14 +58,13 @@ __device__ __forceinline__ int64_t cache_offset(const int32_t* table, int block_
   return (cache_row(table, j, block_shift) * nKV + kvh) * HD + ch * 8;
 }
 
-// The step's own keys and values where attention_decode_kernel appends them itself: key past + i
-// is token seq_start + i of k_new and v_new (bf16 [T, nKV, HD]). k_new null: every key is in the
-// caches, those from past written by the step (kv_append) when in_cache is set.
+// The step's own keys and values, those from past: where attention_decode_kernel appends them
+// itself, key past + i is token seq_start + i of k_new and v_new (bf16 [T, nKV, HD]); with k_new
+// null they are in the caches (kv_append wrote them).
 struct StepKeys {
   const bf16* k_new = nullptr;
   const bf16* v_new = nullptr;
   int past = 0, seq_start = 0;
-  bool in_cache = false;
 };
 // Which keys of a tile load_kv_tile asks for: those before the step's own (which the kernels
 // before do not write, so they may be asked for before pdl_wait), the others, or all.
@@ -90,7 +89,7 @@ __device__ __forceinline__ void load_kv_tile(bf16* dk, bf16* dv, const bf16* k_c
   static_assert((kBN * CH) % kThreads == 0, "a K/V tile in whole rounds of the CTA");
   static_assert(kBN <= 64, "a tile's blocks of 2 or more keys, one a lane");
   const int first = kt * kBN;
-  const int fresh = step.k_new != nullptr || step.in_cache ? step.past : 0;  // the first key of kFresh
+  const int fresh = step.past;  // the first key of kFresh
   if ((part == KvPart::kCached && first >= fresh) || (part == KvPart::kFresh && first + kBN <= fresh)) return;
   const int b0 = first >> block_shift, lane = tid & 31;
   int entry = 0;  // lane e: the table entry of block b0 + e, where it holds a key below hi
@@ -168,7 +167,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // K/V tile `kt` into stage `stage` (zeros for keys >= n_keys: they are masked below). The first
   // two tiles' keys before the step's own (which kv_append writes) are asked for before pdl_wait,
   // kv_append letting this launch be placed while attention prep runs.
-  const StepKeys step{nullptr, nullptr, past, seq_start, true};
+  const StepKeys step{nullptr, nullptr, past, seq_start};
   auto load_kv = [&](int kt, int stage, KvPart part) {
     load_kv_tile<HD>(sK + stage * kBN * HD, sV + stage * kBN * HD, k_cache, v_cache, table, block_shift, nKV, kvh, kt,
                      0, n_keys, tid, step, part);
@@ -417,8 +416,8 @@ constexpr int decode_smem_bytes() {
 // (docs/perf/2026-12-04-s40-cuda-27b.md).
 // k_new, v_new: null (the step's keys and values are in the caches already: launch_kv_append), or
 // the step's, bf16 [T, nKV, HD], which the kernel reads from there and appends to the caches
-// itself (split 0); the cached keys are then asked for before pdl_wait, while the kernel before
-// (attention prep) still runs.
+// itself (split 0). Either way the keys before the step's own are asked for before pdl_wait,
+// while the kernel before (attention prep, or kv_append, which triggers first) still runs.
 template <int HD, int MT>
 __global__ void __launch_bounds__(kDecThreads, 1)
     attention_decode_kernel(const bf16* __restrict__ q, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
@@ -460,8 +459,8 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   const int k_begin = kt_begin * kDecBN, k_end = min(n_keys, kt_end * kDecBN);
   const int32_t* table = block_tables + int64_t(s) * max_blocks;
   const int block_shift = block_shift_of(block_size);
-  // The step's keys from k_new where the kernel appends them (their tiles' cached keys are asked
-  // for before pdl_wait).
+  // The step's keys from k_new where the kernel appends them; the first two tiles' cached keys are
+  // asked for before pdl_wait.
   const StepKeys step{k_new, v_new, past, seq_start};
   auto load_kv = [&](int kt, int stage, KvPart part) {
     load_kv_tile<HD>(sK + stage * kDecBN * HD, sV + stage * kDecBN * HD, k_cache, v_cache, table, block_shift, nKV,
@@ -469,10 +468,8 @@ __global__ void __launch_bounds__(kDecThreads, 1)
   };
   // cp.async group 0 holds Q and the first tile (and the second's cached keys), group 1 the
   // second tile, group g > 1 tile kt_begin + g.
-  if (k_new != nullptr) {
-    if (kt_begin < kt_end) load_kv(kt_begin, 0, KvPart::kCached);
-    if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, KvPart::kCached);
-  }
+  if (kt_begin < kt_end) load_kv(kt_begin, 0, KvPart::kCached);
+  if (kt_begin + 1 < kt_end) load_kv(kt_begin + 1, 1, KvPart::kCached);
   pdl_wait();  // launch.cuh: the queries and the step's keys and values come from the kernels before
   pdl_trigger();
 
