@@ -13,7 +13,8 @@
 // docs/perf/2026-11-29-s6-cuda-27b.md.)
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM, or beside
-// a ring of one-unit stages when K is split and more tokens' inputs need the room) the block
+// a ring of one-unit stages when K is split and more tokens' inputs need the room; in unsplit
+// launches of 2-8 tokens given a producer's fp16 copy, beside their narrow blocks' rings) the block
 // first copies its inputs for its chunk range into shared memory, which every warp reads (beside
 // one-unit rings in two groups, so that warps start on their first stage before the rest lands),
 // and may gate them on the way (Gate: silu(x) * xb, rounded to bf16 as silu_mul rounds it, so a
@@ -104,7 +105,8 @@ inline int tma_narrow_warps(int T) {
 // blocks of `smem` bytes at 2-8 tokens: what one wave of them needs on each SM (the driver's 1 KiB
 // a block included), so the rest of the SM's 256 KB stays L1 for the inputs they all read. (All
 // the shared memory instead: verify 8 at 4k 0.04-0.07 ms slower on the H200, docs/perf/
-// 2026-12-03-s29-cuda-27b.md.) At one token the launch takes it all (kOneTokenCarveout).
+// 2026-12-03-s29-cuda-27b.md.) At one token the launch takes it all (kOneTokenCarveout), and so
+// do the launches of 2-8 tokens that stage a producer's fp16 copy instead (launch_tma).
 inline int narrow_carveout(int blocks, size_t smem) {
   const int sms = sm_count(), max_smem = smem_per_sm();
   const int64_t need = int64_t((blocks + sms - 1) / sms) * int64_t(smem + 1024);
@@ -505,7 +507,8 @@ __device__ __forceinline__ void stage_twin(const int8_t* __restrict__ xq, const 
 }
 
 // partial f32 [gridDim.y, T, N] and counters i32 [gridDim.x] as in qgemv_kernel. XAhead: a full
-// stage's inputs are loaded before its weights are waited for, else per V chunks (without XSmem).
+// stage's inputs are loaded (through L1, or from XSmem's staged rows) before its weights are
+// waited for, else per V chunks.
 // x_stride: tma_x_stride (XSmem). xb: the gate's second input, bf16 [T, K] like x (with G).
 // MaxThreads: kWarps warps, or up to kNarrowMaxWarps (the blocks of unsplit launches at one token).
 // A8: int8 inputs, kA8Staged (in shared memory: rounded by stage_inputs8, or with xq set copied
@@ -913,9 +916,10 @@ inline size_t tma_narrow_x_smem_bytes(int T, int K, int unit_bytes, int warps) {
 // f16 (one token tile, with x_smem_allowed): the launches that stage their inputs take them as fp16
 // (F16), and so do unsplit ones, whose narrow blocks stage x where it fits beside their rings in
 // one block's shared memory. x_f16 (optional, one token tile): a producer's fp16 copy of x / 16,
-// which unsplit launches read through L1 a stage ahead (F16, at any count of tokens), and launches
-// that stage their inputs stage as it is (F16 with XCopy, at any count of tokens: no pass making
-// the staged inputs fp16, which at 5-8 tokens cost what the fp16 codes save).
+// which unsplit launches read through L1 a stage ahead (F16; at 2-8 tokens only where it does not
+// fit beside their rings, else they stage it), and launches that stage their inputs stage as it is
+// (F16 with XCopy, at any count of tokens: no pass making the staged inputs fp16, which at 5-8
+// tokens cost what the fp16 codes save).
 template <int NT, int MinBlocks, bool XAhead>
 void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* xb, GemvGate gate,
                 const OutParts& out, float* partial, int* counters, int splits, int T, int N, int K,
@@ -962,6 +966,21 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       constexpr GemvGate G = GemvGate::kNone;
       const dim3 grid((N + 16 * warps - 1) / (16 * warps));
       const size_t smem = tma_ring_bytes_of(S, 1, w.unit_bytes, warps);
+      // 2-8 tokens: the copy staged as it is beside the rings where it fits (gate_up: 80 KB at 8
+      // tokens), with all of the shared memory as carveout, rather than read through the L1 that
+      // narrow_carveout leaves. The split launch after (down) then finds the SMs in the carveout
+      // it takes itself: verify 8 at 4k 6.887-6.910 against 6.955-6.978 ms, verify 4 -0.07, C8
+      // -0.06, down 22.6 against 25.1 us a launch at verify 8, gate_up about even (H100, docs/perf/
+      // 2026-12-06-s71-cuda-27b.md). The whole carveout with the L1 reads left gate_up 4 us slower.
+      const size_t staged = smem + tma_x_rows_bytes(T, K, 1);
+      if (T > 1 && x_smem_allowed && staged + 1024 <= size_t(smem_per_block_optin())) {
+        tma_kernel_ready<NT, 1, true, true, G, 1, S, MaxThreads, 0, true, true>();
+        launch_kernel_carveout("qgemv_tma", qgemv_tma_kernel<NT, 1, true, true, G, 1, S, MaxThreads, 0, true, true>,
+                               grid, dim3(32 * warps), staged, kOneTokenCarveout, s, w,
+                               reinterpret_cast<const __nv_bfloat16*>(x_f16), xb, out, partial, counters, T, N, K,
+                               tma_x_stride(K, 1), nullptr, nullptr);
+        return;
+      }
       const int carveout = T == 1 ? kOneTokenCarveout : narrow_carveout(grid.x, smem);
       tma_kernel_ready<NT, 1, true, false, G, 1, S, MaxThreads, 0, true>();
       launch_kernel_carveout("qgemv_tma", qgemv_tma_kernel<NT, 1, true, false, G, 1, S, MaxThreads, 0, true>, grid,
