@@ -14,7 +14,7 @@
 //
 // Inputs: with XSmem (one token tile, when they fit beside the ring with 3 blocks an SM, or beside
 // a ring of one-unit stages when K is split and more tokens' inputs need the room; in unsplit
-// launches of 2-8 tokens given a producer's fp16 copy, beside their narrow blocks' rings) the block
+// launches of 4-8 tokens given a producer's fp16 copy, beside their narrow blocks' rings) the block
 // first copies its inputs for its chunk range into shared memory, which every warp reads (beside
 // one-unit rings in two groups, so that warps start on their first stage before the rest lands),
 // and may gate them on the way (Gate: silu(x) * xb, rounded to bf16 as silu_mul rounds it, so a
@@ -106,7 +106,7 @@ inline int tma_narrow_warps(int T) {
 // a block included), so the rest of the SM's 256 KB stays L1 for the inputs they all read. (All
 // the shared memory instead: verify 8 at 4k 0.04-0.07 ms slower on the H200, docs/perf/
 // 2026-12-03-s29-cuda-27b.md.) At one token the launch takes it all (kOneTokenCarveout), and so
-// do the launches of 2-8 tokens that stage a producer's fp16 copy instead (launch_tma).
+// do the launches of 4-8 tokens that stage a producer's fp16 copy instead (launch_tma).
 inline int narrow_carveout(int blocks, size_t smem) {
   const int sms = sm_count(), max_smem = smem_per_sm();
   const int64_t need = int64_t((blocks + sms - 1) / sms) * int64_t(smem + 1024);
@@ -135,6 +135,8 @@ inline int narrow_carveout(int blocks, size_t smem) {
 // (3 stages had beaten 5 at one token, C1 5.59-5.62 against 5.64-5.68 ms, and 4 stages lost
 // 0.2 ms: docs/perf/2026-12-03-s29-cuda-27b.md.)
 constexpr int kNarrowStages = 2;
+// Tokens from which unsplit launches given a producer's fp16 copy stage it (launch_tma).
+constexpr int kStagedCopyMinTokens = 4;
 constexpr int kOneTokenCarveout = 100;
 // Units of weights a warp of a block of several warps asks for before pdl_wait (one stage of 2
 // units, or 2 of one); the rest of its ring as soon as lane 0 has asked for its first inputs to
@@ -916,7 +918,7 @@ inline size_t tma_narrow_x_smem_bytes(int T, int K, int unit_bytes, int warps) {
 // f16 (one token tile, with x_smem_allowed): the launches that stage their inputs take them as fp16
 // (F16), and so do unsplit ones, whose narrow blocks stage x where it fits beside their rings in
 // one block's shared memory. x_f16 (optional, one token tile): a producer's fp16 copy of x / 16,
-// which unsplit launches read through L1 a stage ahead (F16; at 2-8 tokens only where it does not
+// which unsplit launches read through L1 a stage ahead (F16; at 4-8 tokens only where it does not
 // fit beside their rings, else they stage it), and launches that stage their inputs stage as it is
 // (F16 with XCopy, at any count of tokens: no pass making the staged inputs fp16, which at 5-8
 // tokens cost what the fp16 codes save).
@@ -966,14 +968,16 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       constexpr GemvGate G = GemvGate::kNone;
       const dim3 grid((N + 16 * warps - 1) / (16 * warps));
       const size_t smem = tma_ring_bytes_of(S, 1, w.unit_bytes, warps);
-      // 2-8 tokens: the copy staged as it is beside the rings where it fits (gate_up: 80 KB at 8
-      // tokens), with all of the shared memory as carveout, rather than read through the L1 that
-      // narrow_carveout leaves. The split launch after (down) then finds the SMs in the carveout
-      // it takes itself: verify 8 at 4k 6.887-6.910 against 6.955-6.978 ms, verify 4 -0.07, C8
-      // -0.06, down 22.6 against 25.1 us a launch at verify 8, gate_up about even (H100, docs/perf/
-      // 2026-12-06-s71-cuda-27b.md). The whole carveout with the L1 reads left gate_up 4 us slower.
+      // 4-8 tokens (kStagedCopyMinTokens): the copy staged as it is beside the rings where it fits
+      // (gate_up: 80 KB at 8 tokens), with all of the shared memory as carveout, rather than read
+      // through the L1 that narrow_carveout leaves. The split launch after (down) then finds the
+      // SMs in the carveout it takes itself: verify 8 at 4k 6.887-6.910 against 6.955-6.978 ms,
+      // verify 4 -0.07, C8 -0.06 to -0.1, C4 -0.03 to -0.05, down 22.6 against 25.1 us a launch at
+      // verify 8, gate_up about even; but C2 +0.04 and C3 +0.07 (verify 2 and 3 even) on 2 H100s
+      // of 3 (docs/perf/2026-12-06-s71-cuda-27b.md). The whole carveout with the L1 reads left
+      // gate_up 4 us slower.
       const size_t staged = smem + tma_x_rows_bytes(T, K, 1);
-      if (T > 1 && x_smem_allowed && staged + 1024 <= size_t(smem_per_block_optin())) {
+      if (T >= kStagedCopyMinTokens && x_smem_allowed && staged + 1024 <= size_t(smem_per_block_optin())) {
         tma_kernel_ready<NT, 1, true, true, G, 1, S, MaxThreads, 0, true, true>();
         launch_kernel_carveout("qgemv_tma", qgemv_tma_kernel<NT, 1, true, true, G, 1, S, MaxThreads, 0, true, true>,
                                grid, dim3(32 * warps), staged, kOneTokenCarveout, s, w,
