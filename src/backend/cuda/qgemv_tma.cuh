@@ -972,7 +972,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       // (gate_up: 80 KB at 8 tokens), with all of the shared memory as carveout, rather than read
       // through the L1 that narrow_carveout leaves. The split launch after (down) then finds the
       // SMs in the carveout it takes itself: verify 8 at 4k 6.887-6.910 against 6.955-6.978 ms,
-      // verify 4 -0.07, C8 -0.06 to -0.1, C4 -0.03 to -0.05, down 22.6 against 25.1 us a launch at
+      // verify 4 -0.07, C8 -0.06 to -0.14, C4 -0.03 to -0.05, down 22.6 against 25.1 us a launch at
       // verify 8, gate_up about even; but C2 +0.04 and C3 +0.07 (verify 2 and 3 even) on 2 H100s
       // of 3 (docs/perf/2026-12-06-s71-cuda-27b.md). The whole carveout with the L1 reads left
       // gate_up 4 us slower.
