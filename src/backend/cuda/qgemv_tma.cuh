@@ -976,7 +976,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       // verify 8, gate_up about even; but C2 +0.04 and C3 +0.07 (verify 2 and 3 even) on 2 H100s
       // of 3 (docs/perf/2026-12-06-s71-cuda-27b.md). The whole carveout with the L1 reads left
       // gate_up 4 us slower.
-      const size_t staged = smem + tma_x_rows_bytes(T, K, 1);
+      const size_t staged = tma_narrow_x_smem_bytes(T, K, w.unit_bytes, warps);  // static shared memory: 1 KiB kept
       if (T >= kStagedCopyMinTokens && x_smem_allowed && staged + 1024 <= size_t(smem_per_block_optin())) {
         tma_kernel_ready<NT, 1, true, true, G, 1, S, MaxThreads, 0, true, true>();
         launch_kernel_carveout("qgemv_tma", qgemv_tma_kernel<NT, 1, true, true, G, 1, S, MaxThreads, 0, true, true>,
