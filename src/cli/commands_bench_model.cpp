@@ -10,6 +10,7 @@
 #include "engine/model_bench.h"
 #include "io/checkpoint.h"
 #ifdef DS_HAVE_CUDA
+#include "backend/cuda/clocks.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/roofline.h"
@@ -92,6 +93,20 @@ void run(BenchModelArgs& a) {
   }
   ops.alloc_caches(geometry);
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
+  // Each figure's SM clock and board power: a figure taken while a power or thermal limiter held
+  // the clock down says so (its `capped` share of samples).
+  ClockSampler clocks;
+  if (clocks.available()) {
+    a.o.clocks_begin = [&clocks] { clocks.begin(); };
+    a.o.clocks_end = [&clocks](BenchRow& r) {
+      const ClockFigures f = clocks.end();
+      r.clock_samples = f.samples;
+      r.sm_mhz = f.sm_mhz;
+      r.watts = f.watts;
+      r.capped = f.capped;
+      r.clock_reasons = f.reasons;
+    };
+  }
   if (a.profile) cuda_profiler_start();
   std::vector<BenchRow> rows = run_model_bench(*model, ops, a.o);
   DS_LOG_INFO("bench", "step scratch: peak %.1f MiB of the %.1f MiB step_scratch_bytes gives the largest step",
@@ -102,18 +117,27 @@ void run(BenchModelArgs& a) {
               a.w4a16 ? (int8_table ? "W4A16 (g128) + int8 lm_head" : "W4A16 (g128) + bf16 lm_head")
                       : (int8_table ? "bf16 + int8 lm_head" : "bf16"),
               ops.weight_bytes() / 1e9, a.o.weight_bytes / 1e9, a.w4a8.c_str());
-  std::printf("%-8s %6s %7s %8s %11s %12s %12s %9s\n", "kind", "batch", "tokens", "context", "ms", "tok/s",
-              "roofline_ms", "of_roof");
+  std::printf("%-8s %6s %7s %8s %11s %12s %12s %9s %7s %6s %7s\n", "kind", "batch", "tokens", "context", "ms", "tok/s",
+              "roofline_ms", "of_roof", "sm_MHz", "W", "capped");
   std::string json;
   for (const BenchRow& r : rows) {
     const double frac = r.roofline_ms > 0 ? r.roofline_ms / r.ms : 0;
-    std::printf("%-8s %6d %7d %8d %11.3f %12.1f %12.3f %8.1f%%\n", r.kind.c_str(), r.batch, r.tokens, r.context, r.ms,
+    std::printf("%-8s %6d %7d %8d %11.3f %12.1f %12.3f %8.1f%%", r.kind.c_str(), r.batch, r.tokens, r.context, r.ms,
                 r.tokens_per_s, r.roofline_ms, 100 * frac);
-    char line[512];
-    std::snprintf(line, sizeof line,
-                  "{\"kind\":\"%s\",\"batch\":%d,\"tokens\":%d,\"context\":%d,\"ms\":%.4f,\"tokens_per_s\":%.2f,"
-                  "\"roofline_ms\":%.4f,\"bound\":\"%s\"}\n",
-                  r.kind.c_str(), r.batch, r.tokens, r.context, r.ms, r.tokens_per_s, r.roofline_ms, r.bound.c_str());
+    if (r.clock_samples > 0) std::printf(" %7.0f %6.0f %6.0f%%\n", r.sm_mhz, r.watts, 100 * r.capped);
+    else std::printf(" %7s %6s %7s\n", "-", "-", "-");
+    char line[640];
+    int n = std::snprintf(line, sizeof line,
+                          "{\"kind\":\"%s\",\"batch\":%d,\"tokens\":%d,\"context\":%d,\"ms\":%.4f,"
+                          "\"tokens_per_s\":%.2f,\"roofline_ms\":%.4f,\"bound\":\"%s\"",
+                          r.kind.c_str(), r.batch, r.tokens, r.context, r.ms, r.tokens_per_s, r.roofline_ms,
+                          r.bound.c_str());
+    if (r.clock_samples > 0)
+      n += std::snprintf(line + n, sizeof line - n,
+                         ",\"sm_mhz\":%.0f,\"watts\":%.1f,\"capped\":%.3f,\"clock_reasons\":\"0x%llx\","
+                         "\"clock_samples\":%d",
+                         r.sm_mhz, r.watts, r.capped, r.clock_reasons, r.clock_samples);
+    std::snprintf(line + n, sizeof line - n, "}\n");
     json += line;
   }
   if (!a.json_out.empty()) std::ofstream(a.json_out) << json;

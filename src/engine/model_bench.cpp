@@ -82,19 +82,27 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
                                      c.linear_key_head_dim * c.linear_value_head_dim * o.state_bytes;
   auto bytes_roofline = [&](double bytes) { return o.copy_gbps > 0 ? bytes / (o.copy_gbps * 1e9) * 1e3 : 0.0; };
 
-  auto time_step = [&](const StepPlan& plan) {
+  auto clocks_begin = [&] {
+    if (o.clocks_begin) o.clocks_begin();
+  };
+  auto clocks_end = [&](BenchRow& r) {
+    if (o.clocks_end) o.clocks_end(r);
+  };
+  auto time_step = [&](const StepPlan& plan, BenchRow& r) {
     for (int i = 0; i < 2; ++i) {  // warm-up
       ops.reset_scratch();
       model.forward(plan);
     }
     ops.synchronize();
+    clocks_begin();
     const double t0 = now_ms();
     for (int i = 0; i < o.reps; ++i) {
       ops.reset_scratch();
       model.forward(plan);
     }
     ops.synchronize();
-    return (now_ms() - t0) / o.reps;
+    r.ms = (now_ms() - t0) / o.reps;
+    clocks_end(r);
   };
 
   for (int ctx : o.decode_contexts)
@@ -103,7 +111,7 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
       const int blocks = (ctx + 1 + kBlock - 1) / kBlock;
       StepPlan plan = make_plan(B, 1, ctx, blocks, c.vocab_size, rng, true);
       BenchRow r{"decode", B, 1, ctx, 0, 0, 0, "bytes"};
-      r.ms = time_step(plan);
+      time_step(plan, r);
       r.tokens_per_s = B / (r.ms * 1e-3);
       r.roofline_ms = bytes_roofline(w_bytes + B * (ctx * kv_bytes_per_token + state_bytes_per_seq));
       DS_LOG_INFO("bench", "decode B=%d ctx=%d: %.3f ms (roofline %.3f ms)", B, ctx, r.ms, r.roofline_ms);
@@ -115,7 +123,7 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
     const int blocks = (o.verify_context + k + kBlock - 1) / kBlock;
     StepPlan plan = make_plan(1, k, o.verify_context, blocks, c.vocab_size, rng, true);
     BenchRow r{"verify", 1, k, o.verify_context, 0, 0, 0, "bytes"};
-    r.ms = time_step(plan);
+    time_step(plan, r);
     r.tokens_per_s = k / (r.ms * 1e-3);
     r.roofline_ms = bytes_roofline(w_bytes + o.verify_context * kv_bytes_per_token + state_bytes_per_seq);
     DS_LOG_INFO("bench", "verify k=%d ctx=%d: %.3f ms", k, o.verify_context, r.ms);
@@ -136,10 +144,12 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
       ops.synchronize();
     };
     run_prefill();  // warm-up at full length (also allocates nothing new: plans only)
+    BenchRow r{"prefill", 1, n, 0, 0, 0, 0, "flops"};
+    clocks_begin();
     const double t0 = now_ms();
     run_prefill();
-    BenchRow r{"prefill", 1, n, 0, 0, 0, 0, "flops"};
     r.ms = now_ms() - t0;
+    clocks_end(r);
     r.tokens_per_s = n / (r.ms * 1e-3);
     // causal attention: 2 matmuls of 2*hd FLOPs per (query, key<=query) pair per head
     const double attn_flops = 2.0 * 2.0 * c.head_dim * c.num_attention_heads * c.n_full_attention_layers() *

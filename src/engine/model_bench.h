@@ -5,6 +5,7 @@
 // same bytes either way, and it keeps a 16k x 64 sweep from costing minutes of prefill.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,8 @@
 #include "model/qwen3_5.h"
 
 namespace ds {
+
+struct BenchRow;
 
 struct ModelBenchOptions {
   std::vector<int> decode_batches = {1, 8, 32, 64};
@@ -26,6 +29,10 @@ struct ModelBenchOptions {
   double weight_bytes = 0;   // weight bytes one decode step reads (the caller measures them)
   double copy_gbps = 0;      // measured ceilings (0: not measured, no roofline)
   double bf16_tflops = 0;
+  // Called around each figure's timed steps (not its warm-up), where the caller reads the GPU's
+  // clock and power: clocks_end fills the row's sm_mhz, watts and capped.
+  std::function<void()> clocks_begin;
+  std::function<void(BenchRow&)> clocks_end;
 };
 
 struct BenchRow {
@@ -35,6 +42,10 @@ struct BenchRow {
   double tokens_per_s = 0;
   double roofline_ms = 0;
   std::string bound;    // "bytes" or "flops": which ceiling the roofline came from
+  int clock_samples = 0;  // 0: the clocks were not read; else medians over the timed steps:
+  double sm_mhz = 0, watts = 0;
+  double capped = 0;      // fraction of samples with a power or thermal limiter holding the clock down
+  unsigned long long clock_reasons = 0;  // the limiters' and other clock-event bits seen (NVML's)
 };
 
 // Cache pools for the sweep in `o`: KV blocks of 16 tokens and state slots.

@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <functional>
+#include <thread>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cuda/clocks.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/launchers.h"
 #include "cuda/cuda_test_util.h"
@@ -611,6 +614,26 @@ TEST_F(CudaOpsTest, InstructionFetchFigures) {
                     "%7.0f (%.2f), rolled %7.0f (%.2f)\n",
                     kb, ctas, threads / 32, c[0], issued / c[0], c[1], issued / c[1], c[2], issued / c[2]);
       }
+}
+
+// The bench's clock and power figures (clocks.h): NVML answers for this GPU, every 2 ms while a
+// span is sampled, with a clock and a power in range; end() without begin() reads nothing.
+TEST_F(CudaOpsTest, ClockSamplerReadsClockAndPower) {
+  ClockSampler clocks;
+  if (!clocks.available()) GTEST_SKIP() << "no NVML for this GPU";
+  EXPECT_EQ(clocks.end().samples, 0);
+  clocks.begin();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const ClockFigures f = clocks.end();
+  std::printf("[figure] idle: %d samples, SM %.0f MHz, %.1f W, capped %.0f%%, reasons 0x%llx\n", f.samples, f.sm_mhz,
+              f.watts, 100 * f.capped, f.reasons);
+  EXPECT_GE(f.samples, 10);
+  EXPECT_GT(f.sm_mhz, 100);
+  EXPECT_LT(f.sm_mhz, 5000);
+  EXPECT_GT(f.watts, 5);
+  EXPECT_LT(f.watts, 2000);
+  EXPECT_GE(f.capped, 0);
+  EXPECT_LE(f.capped, 1);
 }
 
 }  // namespace
