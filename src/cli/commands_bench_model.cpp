@@ -93,8 +93,8 @@ void run(BenchModelArgs& a) {
   }
   ops.alloc_caches(geometry);
   DS_LOG_INFO("bench", "weights %.2f GB, caches %.2f GB", ops.weight_bytes() / 1e9, ops.cache_bytes() / 1e9);
-  // Each figure's SM clock and board power: a figure taken while a power or thermal limiter held
-  // the clock down says so (its `capped` share of samples).
+  // Each figure's SM clock and board power, and how often a power or thermal limiter was active
+  // while it was timed (its `capped` share of samples).
   ClockSampler clocks;
   if (clocks.available()) {
     a.o.clocks_begin = [&clocks] { clocks.begin(); };

@@ -44,7 +44,7 @@ struct BenchRow {
   std::string bound;    // "bytes" or "flops": which ceiling the roofline came from
   int clock_samples = 0;  // 0: the clocks were not read; else medians over the timed steps:
   double sm_mhz = 0, watts = 0;
-  double capped = 0;      // fraction of samples with a power or thermal limiter holding the clock down
+  double capped = 0;      // fraction of samples with a power or thermal limiter active
   unsigned long long clock_reasons = 0;  // the limiters' and other clock-event bits seen (NVML's)
 };
 

@@ -23,7 +23,7 @@ using NvmlReturn = int;  // nvmlReturn_t: 0 is success
 using NvmlDevice = struct NvmlDeviceOpaque*;
 constexpr int kNvmlClockSm = 1;  // nvmlClockType_t NVML_CLOCK_SM
 constexpr unsigned kFieldPowerInstant = 186;  // NVML_FI_DEV_POWER_INSTANT: milliwatts now
-// nvmlFieldValue_t
+// nvmlFieldValue_t (its value a union of 8 bytes)
 struct NvmlFieldValue {
   unsigned field_id, scope_id;
   long long timestamp, latency_us;
@@ -35,7 +35,7 @@ struct NvmlFieldValue {
   } value;
 };
 static_assert(sizeof(NvmlFieldValue) == 40, "nvmlFieldValue_t is 40 bytes");
-// nvmlClocksEventReasons bits of a limiter holding the clock down: software power cap, hardware
+// nvmlClocksEventReasons bits of a limiter that may lower the clock: software power cap, hardware
 // slowdown, software and hardware thermal slowdown, hardware power brake.
 constexpr uint64_t kLimiterBits = 0x4 | 0x8 | 0x20 | 0x40 | 0x80;
 

@@ -10,7 +10,7 @@ struct ClockFigures {
   int samples = 0;      // 0: nothing was read (no NVML, or the span was too short)
   double sm_mhz = 0;    // medians over the span
   double watts = 0;
-  double capped = 0;    // fraction of samples with a power or thermal limiter holding the clock down
+  double capped = 0;    // fraction of samples with a power or thermal limiter active (not always a lower clock)
   unsigned long long reasons = 0;  // every NVML clock-event reason seen (the idle bit left out)
 };
 
