@@ -30,7 +30,7 @@ struct ModelBenchOptions {
   double copy_gbps = 0;      // measured ceilings (0: not measured, no roofline)
   double bf16_tflops = 0;
   // Called around each figure's timed steps (not its warm-up), where the caller reads the GPU's
-  // clock and power: clocks_end fills the row's sm_mhz, watts and capped.
+  // clock and power: clocks_end fills the row's clock fields (clock_samples and those after it).
   std::function<void()> clocks_begin;
   std::function<void(BenchRow&)> clocks_end;
 };
