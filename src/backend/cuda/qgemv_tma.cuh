@@ -913,6 +913,11 @@ void launch_tma_twin(const W4Tiled& w, const GemvInt8In& a8, const OutParts& out
 inline size_t tma_narrow_x_smem_bytes(int T, int K, int unit_bytes, int warps) {
   return tma_ring_bytes_of(kNarrowStages, 1, unit_bytes, warps) + tma_x_rows_bytes(T, K, 1);
 }
+// Whether those blocks fit in one block's shared memory (the kernel's static shared memory is a
+// few bytes: 1 KiB is kept for it).
+inline bool tma_narrow_x_fits(int T, int K, int unit_bytes, int warps) {
+  return tma_narrow_x_smem_bytes(T, K, unit_bytes, warps) + 1024 <= size_t(smem_per_block_optin());
+}
 
 // XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.
 // f16 (one token tile, with x_smem_allowed): the launches that stage their inputs take them as fp16
@@ -976,13 +981,12 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       // verify 8, gate_up about even; but C2 +0.04 and C3 +0.07 (verify 2 and 3 even) on 2 H100s
       // of 3 (docs/perf/2026-12-06-s71-cuda-27b.md). The whole carveout with the L1 reads left
       // gate_up 4 us slower.
-      const size_t staged = tma_narrow_x_smem_bytes(T, K, w.unit_bytes, warps);  // static shared memory: 1 KiB kept
-      if (T >= kStagedCopyMinTokens && x_smem_allowed && staged + 1024 <= size_t(smem_per_block_optin())) {
+      if (T >= kStagedCopyMinTokens && x_smem_allowed && tma_narrow_x_fits(T, K, w.unit_bytes, warps)) {
         tma_kernel_ready<NT, 1, true, true, G, 1, S, MaxThreads, 0, true, true>();
         launch_kernel_carveout("qgemv_tma", qgemv_tma_kernel<NT, 1, true, true, G, 1, S, MaxThreads, 0, true, true>,
-                               grid, dim3(32 * warps), staged, kOneTokenCarveout, s, w,
-                               reinterpret_cast<const __nv_bfloat16*>(x_f16), xb, out, partial, counters, T, N, K,
-                               tma_x_stride(K, 1), nullptr, nullptr);
+                               grid, dim3(32 * warps), tma_narrow_x_smem_bytes(T, K, w.unit_bytes, warps),
+                               kOneTokenCarveout, s, w, reinterpret_cast<const __nv_bfloat16*>(x_f16), xb, out,
+                               partial, counters, T, N, K, tma_x_stride(K, 1), nullptr, nullptr);
         return;
       }
       const int carveout = T == 1 ? kOneTokenCarveout : narrow_carveout(grid.x, smem);
@@ -992,9 +996,8 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
                              xb, out, partial, counters, T, N, K, 0, nullptr, nullptr);
       return;
     }
-    // (The kernel's static shared memory is a few bytes: 1 KiB is kept for it.)
     if (splits == 1 && x_smem_allowed && f16 && gate == GemvGate::kNone &&
-        tma_narrow_x_smem_bytes(T, K, w.unit_bytes, warps) + 1024 <= size_t(smem_per_block_optin())) {
+        tma_narrow_x_fits(T, K, w.unit_bytes, warps)) {
       // The narrow blocks of an unsplit launch, their inputs staged (as the split launches' beside
       // one-unit rings: two groups) rather than read through L1 a stage ahead.
       constexpr int MaxThreads = kNarrowMaxWarps * 32;
