@@ -163,6 +163,8 @@ void register_bench_model_command(CLI::App& bench) {
   m->add_option("--max-kv-tokens", a->o.max_decode_tokens, "skip decode batch x context pairs above this many KV tokens")
       ->capture_default_str();
   m->add_option("--reps", a->o.reps, "timed steps per decode/verify figure")->capture_default_str();
+  m->add_option("--warmup-ms", a->o.warmup_ms, "untimed steps before each decode/verify figure, at least this long")
+      ->capture_default_str();
   m->add_flag("--profile", a->profile, "start the profiler's capture after setup (ncu --profile-from-start off)");
   m->add_option("--json", a->json_out, "also write one JSON object per figure to this file");
   m->callback([a] { run(*a); });

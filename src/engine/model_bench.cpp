@@ -89,18 +89,27 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
     if (o.clocks_end) o.clocks_end(r);
   };
   auto time_step = [&](const StepPlan& plan, BenchRow& r) {
-    for (int i = 0; i < 2; ++i) {  // warm-up
-      ops.reset_scratch();
-      model.forward(plan);
+    // Warm-up: two steps (the first records the step's graph); then, with warmup_ms, one step
+    // timed and as many more as fill warmup_ms, so that the GPU's clocks and power settle before
+    // the timed steps. (With two only, the first figure of a run read about 1.2% slower than long
+    // runs on an H100: docs/perf/2026-12-06-s72-cuda-27b.md.)
+    auto steps = [&](int n) {
+      for (int i = 0; i < n; ++i) {
+        ops.reset_scratch();
+        model.forward(plan);
+      }
+      ops.synchronize();
+    };
+    steps(2);
+    if (o.warmup_ms > 0) {
+      const double w0 = now_ms();
+      steps(1);
+      const double step_ms = now_ms() - w0;
+      steps(step_ms > 0 ? static_cast<int>(std::min(1e4, o.warmup_ms / step_ms)) : 0);
     }
-    ops.synchronize();
     clocks_begin();
     const double t0 = now_ms();
-    for (int i = 0; i < o.reps; ++i) {
-      ops.reset_scratch();
-      model.forward(plan);
-    }
-    ops.synchronize();
+    steps(o.reps);
     r.ms = (now_ms() - t0) / o.reps;
     clocks_end(r);
   };
