@@ -91,8 +91,8 @@ std::vector<BenchRow> run_model_bench(Qwen35Model& model, Ops& ops, const ModelB
   auto time_step = [&](const StepPlan& plan, BenchRow& r) {
     // Warm-up: two steps (the first records the step's graph); then, with warmup_ms, one step
     // timed and as many more as fill warmup_ms, so that the GPU's clocks and power settle before
-    // the timed steps. (With two only, the first figure of a run read about 1.2% slower than long
-    // runs on an H100: docs/perf/2026-12-06-s72-cuda-27b.md.)
+    // the timed steps. (With two only, C1's 10-step figures read 0.7% slower than 200-step
+    // ones on an H100, with 200 ms 0.2%: docs/perf/2026-12-06-s73-cuda-27b.md.)
     auto steps = [&](int n) {
       for (int i = 0; i < n; ++i) {
         ops.reset_scratch();
