@@ -25,7 +25,7 @@ struct ModelBenchOptions {
   std::vector<int> prefill_lengths = {1024, 4096, 16384, 51200};
   int prefill_chunk = 4096;
   int reps = 10;
-  double warmup_ms = 200;  // untimed steps before each decode/verify figure: at least 2, and this long
+  double warmup_ms = 200;    // untimed steps before each decode/verify figure: at least 2, and this long
   int state_bytes = 2;       // bytes per GDN state element (fp16 default)
   double weight_bytes = 0;   // weight bytes one decode step reads (the caller measures them)
   double copy_gbps = 0;      // measured ceilings (0: not measured, no roofline)
