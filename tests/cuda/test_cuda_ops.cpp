@@ -8,8 +8,8 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
-#include <thread>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
