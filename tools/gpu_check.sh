@@ -208,9 +208,7 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
   done
 fi
 if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != tests ] && ! over sweep; then
-  # An 80 GB card holds the KV of 32 sequences at 16k, not 64 (64 GB at the 27B's shape).
-  KV=(); [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 100000 ] \
-    && KV=(--max-kv-tokens 524288)
+  KV=($(table_kv_args))  # gpu_env.sh: the cap an 80 GB card needs
   "${BENCH[@]}" --w4a16 "${KV[@]}" --prefill 1024,4096,16384,51200 --json "$LOG/bench_model_w4a16.jsonl" \
     > "$LOG/bench_model_w4a16.txt" 2> "$LOG/bench_model_w4a16.log" || status=1
   if [ "${DS_BENCH:-all}" != w4a16 ]; then

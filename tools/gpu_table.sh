@@ -21,8 +21,7 @@ LOG=/tmp/gpu_table_logs
 rm -rf "$LOG" && mkdir -p "$OUT" "$LOG"
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm --format=csv > "$LOG/gpu.txt" 2>&1
 BENCH=(.devbuild/deltaserve bench model --config configs/qwen3.8-27b.json --synthetic --w4a16)
-KV=(); [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -lt 100000 ] \
-  && KV=(--max-kv-tokens 524288)
+KV=($(table_kv_args))  # gpu_env.sh
 status=0
 "${BENCH[@]}" "${KV[@]}" --prefill 1024,4096,16384,51200 --json "$LOG/table.jsonl" > "$LOG/table.txt" \
   2> "$LOG/table.log" || status=1
