@@ -159,7 +159,7 @@ if [ "${DS_SKIP_BENCH:-0}" != 1 ] && [ "$PHASE" != sweep ]; then
       timeout 200 "$dir/test_cuda_ops" --gtest_filter='CudaOpsTest.*Gdn*' > "$LOG/alt_${alt}_gdn.log" 2>&1 || {
         status=1; echo "alt $alt: CudaOpsTest.*Gdn* failed" >> "$LOG/failed.txt"; }
       if [ -x "$dir/test_cuda_model" ]; then
-        timeout 300 "$dir/test_cuda_model" > "$LOG/alt_${alt}_model.log" 2>&1 || {
+        DS_TEST_DATA_DIR="$PWD/tests/data" timeout 300 "$dir/test_cuda_model" > "$LOG/alt_${alt}_model.log" 2>&1 || {
           status=1; echo "alt $alt: test_cuda_model failed" >> "$LOG/failed.txt"; }
       fi
     fi
