@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -46,12 +47,14 @@ inline std::string read_file(const std::filesystem::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// A fresh copy of tests/data/<name> in a temporary folder.
+// A fresh copy of tests/data/<name> in a temporary folder (env DS_TEST_DATA_DIR, as fixture_dir:
+// tests run from another checkout).
 inline std::filesystem::path copy_fixture(const std::string& name, const std::string& tag) {
   namespace fs = std::filesystem;
   fs::path dst = fs::temp_directory_path() / ("ds_test_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dst);
-  fs::copy(fs::path(DS_TEST_DATA_DIR) / name, dst, fs::copy_options::recursive);
+  const char* env = std::getenv("DS_TEST_DATA_DIR");
+  fs::copy(fs::path(env ? env : DS_TEST_DATA_DIR) / name, dst, fs::copy_options::recursive);
   return dst;
 }
 
