@@ -9,12 +9,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_data_dir.h"
+
 namespace ds::test {
 
 std::string fixture_dir(const std::string& name) {
   if (!name.empty() && name.front() == '/') return name;  // a folder of a test's own (a modified copy)
-  const char* env = std::getenv("DS_TEST_DATA_DIR");  // env: DS_TEST_DATA_DIR (tests run from another checkout)
-  return std::string(env ? env : DS_TEST_DATA_DIR) + "/" + name;
+  return test_data_dir() + "/" + name;
 }
 
 const std::vector<std::string>& fixture_names() {

@@ -2,13 +2,14 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
+
+#include "test_data_dir.h"
 
 namespace ds::test {
 
@@ -47,14 +48,12 @@ inline std::string read_file(const std::filesystem::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// A fresh copy of tests/data/<name> in a temporary folder (env DS_TEST_DATA_DIR, as fixture_dir:
-// tests run from another checkout).
+// A fresh copy of tests/data/<name> (test_data_dir) in a temporary folder.
 inline std::filesystem::path copy_fixture(const std::string& name, const std::string& tag) {
   namespace fs = std::filesystem;
   fs::path dst = fs::temp_directory_path() / ("ds_test_" + tag + "_" + std::to_string(::getpid()));
   fs::remove_all(dst);
-  const char* env = std::getenv("DS_TEST_DATA_DIR");
-  fs::copy(fs::path(env ? env : DS_TEST_DATA_DIR) / name, dst, fs::copy_options::recursive);
+  fs::copy(fs::path(test_data_dir()) / name, dst, fs::copy_options::recursive);
   return dst;
 }
 
