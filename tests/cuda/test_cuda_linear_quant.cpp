@@ -53,7 +53,9 @@ struct GemvSettingsRestored {
   bool f16 = cuda::w4a16_gemv_f16();
   bool l2_weights = cuda::w4a16_l2_weights();
   bool int8_wide = cuda::int8_gemv_wide();
+  bool kslice = cuda::w4a16_gemv_kslice();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_gemv_kslice(kslice);
     cuda::set_int8_gemv_wide(int8_wide);
     cuda::set_w4a16_l2_weights(l2_weights);
     cuda::set_w4a16_gemv_f16(f16);
@@ -256,7 +258,8 @@ TEST_F(CudaLinearQuantTest, W4A16MatchesCpu) {
 // units). W4A16MatchesCpu's unsplit shapes have K <= 256, one unit a row block; these stream 3 to
 // 20 through the narrow rings (3 stages of one unit at one token, 2 at more), their inputs staged
 // as fp16 (at 1 and 3 tokens) or read through L1, and check that a repeated launch gives the same
-// bits.
+// bits. At 3 and 8 tokens the shapes of whole units (K 5,120 and 2,560, and 30,008 x 1,280, whose
+// last row block has 8 rows) also take the K-slice kernel (qgemv_kslice.cuh).
 TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
   const GemvSettingsRestored restore;
   struct Shape {
@@ -264,14 +267,20 @@ TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
     bool paired;
   };
   for (const Shape& sh : {Shape{34816, 5120, true}, Shape{30000, 2560, false}, Shape{26000, 640, false},
-                          Shape{26016, 1152, true}}) {
+                          Shape{26016, 1152, true}, Shape{30008, 1280, false}}) {
     const int N = sh.N, K = sh.K;
     W4Case c = make_w4(*gpu, rng, N, K, 128, sh.paired ? WeightRole::kGateUp : WeightRole::kLinear);
     for (int T : {1, 3, 8})
-      for (bool f16 : {true, false}) {  // inputs staged as fp16, or read through L1
+      for (int form : {0, 1, 2}) {  // inputs staged as fp16, read through L1, the K-slice kernel
+        const bool f16 = form != 1, kslice = form == 2;
+        if (kslice && (T == 1 || K % 256 != 0)) continue;
+        if (kslice) {
+          EXPECT_EQ(cuda::w4a16_gemv_splits(T, N, K), 1) << "N" << N << " K" << K << " T" << T << " unsplit";
+        }
         cuda::set_w4a16_gemv_f16(f16);
+        cuda::set_w4a16_gemv_kslice(kslice);
         const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T) +
-                                 (f16 ? " f16" : " bf16");
+                                 (kslice ? " k-slice" : f16 ? " f16" : " bf16");
         const std::vector<float> x = random_bf16(size_t(T) * K, rng);
         Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
         Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);

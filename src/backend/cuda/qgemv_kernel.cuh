@@ -228,6 +228,36 @@ __device__ __forceinline__ void accumulate_chunk(const Fmt& w, const typename Fm
   }
 }
 
+// A warp's accumulators of one token tile of row block rb to out as store_row_block's Norm form
+// stores them, scaled by r0 and r1: the factors of the lane's tokens 2 q4 and 2 q4 + 1.
+__device__ __forceinline__ void store_row_block_scaled(const float (&acc)[1][4], const OutParts& out, int T, int N,
+                                                       int rb, int lane, float r0, float r1) {
+  const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
+  if (out.swiglu) {
+    if (2 * q4 < T && row < N) out.store_swiglu(2 * q4, rb * 8 + g, acc[0][0] * r0, acc[0][2] * r0);
+    if (2 * q4 + 1 < T && row < N) out.store_swiglu(2 * q4 + 1, rb * 8 + g, acc[0][1] * r1, acc[0][3] * r1);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int t = 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
+    if (t < T && n < N) out.store(t, n, acc[0][i] * ((i & 1) ? r1 : r0));
+  }
+}
+// The factors store_row_block_scaled takes: a consumer's scale of the lane's tokens 2 q4 and
+// 2 q4 + 1 (1 without one); the whole warp calls.
+__device__ __forceinline__ void lane_row_scales(const OutParts& out, int T, int lane, float& r0, float& r1) {
+  const int q4 = lane % 4;
+  r0 = 1.f;
+  r1 = 1.f;
+  if (out.scales()) {
+    out.row_scales8(0, T, [&](int t, float f) {
+      if (t == 2 * q4) r0 = f;
+      if (t == 2 * q4 + 1) r1 = f;
+    });
+  }
+}
+
 // A warp's accumulators of row block rb to out (those of tokens below T and rows below N). With
 // out.swiglu (a paired weight, one token tile) rows g and g + 8 are the gate and up of output
 // 8 rb + g.
@@ -239,24 +269,9 @@ __device__ __forceinline__ void store_row_block(const float (&acc)[NT][4], const
   const int g = lane / 4, q4 = lane % 4, row = rb * 16 + g;
   if constexpr (Norm) {  // one token tile
     static_assert(NT == 1, "a consumer's scale at one token tile");
-    // The factors of the lane's tokens 2 q4 and 2 q4 + 1 (1 without a scale).
-    float r0 = 1.f, r1 = 1.f;
-    if (out.scales()) {
-      out.row_scales8(0, T, [&](int t, float f) {
-        if (t == 2 * q4) r0 = f;
-        if (t == 2 * q4 + 1) r1 = f;
-      });
-    }
-    if (out.swiglu) {
-      if (2 * q4 < T && row < N) out.store_swiglu(2 * q4, rb * 8 + g, acc[0][0] * r0, acc[0][2] * r0);
-      if (2 * q4 + 1 < T && row < N) out.store_swiglu(2 * q4 + 1, rb * 8 + g, acc[0][1] * r1, acc[0][3] * r1);
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int t = 2 * q4 + (i & 1), n = row + (i >= 2 ? 8 : 0);
-      if (t < T && n < N) out.store(t, n, acc[0][i] * ((i & 1) ? r1 : r0));
-    }
+    float r0, r1;
+    lane_row_scales(out, T, lane, r0, r1);
+    store_row_block_scaled(acc, out, T, N, rb, lane, r0, r1);
     return;
   }
   // One tile only (kGemvSwigluMaxTokens): in the 8-tile kernels the code cost registers and spills.

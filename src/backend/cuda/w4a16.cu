@@ -30,6 +30,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/launchers.h"
 #include "backend/cuda/qgemv_kernel.cuh"
+#include "backend/cuda/qgemv_kslice.cuh"
 #include "backend/cuda/qgemv_tma.cuh"
 #include "backend/cuda/qgemv_wgmma.cuh"
 #include "backend/cuda/qgemv_wide.cuh"
@@ -238,6 +239,7 @@ bool g_wgmma = env_flag("DS_W4A16_WGMMA", true);
 bool g_wgmma = false;
 #endif
 bool g_l2_weights = env_flag("DS_W4A16_L2_WEIGHTS", false);
+bool g_kslice = env_flag("DS_W4A16_KSLICE", true);
 
 // -1: the default of w4a16_gemv_tokens.
 int g_tokens = [] {
@@ -376,6 +378,8 @@ bool w4a16_gemv_f16() { return g_f16; }
 void set_w4a16_gemv_f16(bool on) { g_f16 = on; }
 bool w4a16_l2_weights() { return g_l2_weights; }
 void set_w4a16_l2_weights(bool on) { g_l2_weights = on; }
+bool w4a16_gemv_kslice() { return g_kslice; }
+void set_w4a16_gemv_kslice(bool on) { g_kslice = on; }
 // At 5-8 tokens too: verify 8 at 4k 6.187-6.208 ms against 6.237-6.251 with copies at 1-4 tokens
 // only, gate_up 30.60 against 31.97 us a launch (H200, docs/perf/2026-12-04-s45-cuda-27b.md).
 bool w4a16_gemv_reads_f16_copy(int T) {
@@ -485,6 +489,12 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
     if (nt == 2) launch_wide<2, false>(w, x, parts, partial, counters, splits, T, N, K, s);
     else if (nt == 4) launch_wide<4, false>(w, x, parts, partial, counters, splits, T, N, K, s);
     else launch_wide<8, false>(w, x, parts, partial, counters, splits, T, N, K, s);
+    return;
+  }
+  // Unsplit launches of 2-8 tokens (gate_up) on the K-slice kernel (w4a16_gemv_kslice).
+  if (T >= 2 && T <= 8 && splits == 1 && gate == GemvGate::kNone && g_kslice && w4a16_gemv_tma() &&
+      qgemv::kslice_fits(K)) {
+    qgemv::launch_kslice(w, x, x_f16, parts, T, N, K, s);
     return;
   }
 #ifdef DS_GEMV_STAMPS

@@ -1,0 +1,186 @@
+// The W4A16 GEMV's K-slice form: unsplit launches of 2-8 tokens (one token tile) whose K is whole
+// units (256 columns), at most kKSliceMaxWarps of them (gate_up's 5,120: 20).
+//
+// The narrow blocks of qgemv_tma.cuh give each warp a 16-row block over all of K, so every warp
+// reads every token's inputs for each unit it sums: at 8 tokens 1 KB of inputs a 512-byte chunk of
+// weights, twice the weight bytes, through shared memory or L1. Here warp u of a block holds unit
+// u of K of the inputs (as fp16 x / 16, the F16 form) in registers, loaded once after pdl_wait,
+// and streams unit u of each of the block's row blocks through its ring of one-unit stages (the
+// first asked for before pdl_wait). A row block's sum is its warps' partials (f32, 16 rows x 8
+// tokens each, through shared memory), added in warp order by one warp in turn (row block j by
+// warp j % warps, kKSliceLag row blocks later, when the others have most likely given theirs), which
+// then stores it with the factors of the consumer's scale taken once (store_row_block_scaled).
+// kKSliceSlots row blocks' partials are in flight, so a warp waits for the others only when it is
+// that many row blocks ahead of the slowest.
+//
+// On an H100, gate_up at 8 tokens 37.39 against 38.22 us a launch and down after it 22.45 against
+// 22.90: verify 8 at 4k 6.932 against 7.032 ms, verify 4 -0.05, C8 -0.08. The first form, where the
+// warp giving a row block's last partial summed and stored it, taking the factors each time, took
+// 55.8 against 37.4 us: that warp, delayed by the work, gave the next row block's last partial too.
+// The split launches of no norm output (qkvz, qkv) on it as well gained nothing more (verify 8
+// -0.096, C8 -0.062) (docs/perf/2026-12-06-s77-cuda-27b.md).
+#pragma once
+
+#include "backend/cuda/qgemv_tma.cuh"
+
+namespace ds::cuda::qgemv {
+
+constexpr int kKSliceUnitCols = kUnitChunks * kChunk;  // 256
+constexpr int kKSliceMaxWarps = 20;
+constexpr int kKSliceStages = 2;  // one-unit stages a warp
+constexpr int kKSliceSlots = 4;   // row blocks' partials in flight
+constexpr int kKSliceLag = 2;     // row blocks between giving a partial and summing a row block
+static_assert(kKSliceLag < kKSliceSlots, "a row block is summed before its slot is needed again");
+
+// Whether a launch of K columns can take the K-slice kernel: one unit a warp, whole units.
+inline bool kslice_fits(int K) { return K % kKSliceUnitCols == 0 && K / kKSliceUnitCols <= kKSliceMaxWarps; }
+
+// A block's shared memory: mbarriers u64 [warps][stages] (a stage landed), [slots] (a slot's row
+// block's partials all given) and [slots] (its row block stored), the rings u8 [warps][stages][unit]
+// (kRingAlign-aligned), the partials f32x4 [slots][warps][32 lanes].
+inline size_t kslice_smem_bytes(int warps, int unit_bytes) {
+  return mbar_array_bytes(int64_t(warps) * kKSliceStages + 2 * kKSliceSlots) + kRingAlign +
+         size_t(warps) * kKSliceStages * unit_bytes + size_t(kKSliceSlots) * warps * 32 * sizeof(float4);
+}
+
+// x: bf16 [T, K], or with Copy a producer's fp16 copy of x / 16 [T, K]. K / 256 warps a block; the
+// blocks take consecutive ranges of the (N + 15) / 16 row blocks.
+template <bool Copy>
+__global__ void __launch_bounds__(kKSliceMaxWarps * 32, 1)
+    qgemv_kslice_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out, int T, int N, int K) {
+  constexpr int S = kKSliceStages, D = kKSliceSlots, L = kKSliceLag;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [warps][S]
+  uint64_t* given = full + warps * S;                      // [D]
+  uint64_t* stored = given + D;                            // [D]
+  const uint32_t smem_base = smem_u32(smem_raw);
+  unsigned char* rings =
+      smem_raw +
+      (((smem_base + mbar_array_bytes(warps * S + 2 * D) + kRingAlign - 1) & ~(kRingAlign - 1)) - smem_base);
+  float4* parts = reinterpret_cast<float4*>(rings + warps * S * w.unit_bytes);  // [D][warps][32]
+  const int row_blocks = (N + 15) / 16;
+  const int rb0 = static_cast<int>(int64_t(blockIdx.x) * row_blocks / gridDim.x);
+  const int n_rb = static_cast<int>(int64_t(blockIdx.x + 1) * row_blocks / gridDim.x) - rb0;
+  uint64_t* const my_full = full + warp * S;
+  unsigned char* const my_ring = rings + warp * S * w.unit_bytes;
+  // Unit `warp` of the block's row block j into slot j % S (after: as in qgemv_tma_kernel).
+  auto request = [&](int j, uint32_t after = 0) {
+    const int slot = j % S;
+    const uint32_t bytes = static_cast<uint32_t>(w.unit_bytes) + after;
+    mbar_arrive_expect_tx(&my_full[slot], bytes);
+    bulk_copy_g2s(my_ring + slot * w.unit_bytes, w.unit(rb0 + j, warp), bytes, &my_full[slot]);
+  };
+  if (lane == 0) {
+    for (int i = 0; i < S; ++i) mbar_init(&my_full[i], 1);
+    if (warp == 0) {
+      for (int d = 0; d < D; ++d) {
+        mbar_init(&given[d], warps);
+        mbar_init(&stored[d], 1);
+      }
+    }
+    mbar_init_fence();
+    for (int j = 0; j < min(S, n_rb); ++j) request(j);
+  }
+  __syncthreads();  // the slots' barriers before any warp gives a partial
+  pdl_wait();       // x and the norm's sums come from the previous kernel; out may still be read by it
+  pdl_trigger();
+
+  // The lane's inputs of the warp's unit: xv[u][0][h] = columns [8h, 8h + 8) of its 16 in chunk u,
+  // in the row of its token (lanes past T read the last token's; their columns are never stored).
+  uint4 xv[kUnitChunks][1][2];
+  {
+    const int t = min(lane / 4, T - 1);
+    const __nv_bfloat16* const xs[1] = {x + int64_t(t) * K + warp * kKSliceUnitCols + 16 * (lane % 4)};
+    load_inputs<1, kUnitChunks, false>(xs, 0, xv);
+    if constexpr (!Copy) {
+#pragma unroll
+      for (int u = 0; u < kUnitChunks; ++u)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) xv[u][0][h] = bf16x8_to_f16x8_16th(xv[u][0][h]);
+    }
+  }
+  float r0, r1;  // the consumer's factors of the lane's tokens 2 q4 and 2 q4 + 1
+  lane_row_scales(out, T, lane, r0, r1);
+  int soff[kUnitChunks];
+#pragma unroll
+  for (int u = 0; u < kUnitChunks; ++u) soff[u] = (u >> w.slot_shift) * 8;
+
+  // Row block j's sum, once every warp has given its partial, stored; its slot then freed.
+  auto sum_and_store = [&](int j) {
+    const int d = j % D;
+    mbar_wait(&given[d], (j / D) & 1);
+    const float4* const slot_parts = parts + d * warps * 32;
+    float4 s = slot_parts[lane];
+    for (int v = 1; v < warps; ++v) {
+      const float4 p = slot_parts[v * 32 + lane];
+      s.x += p.x;
+      s.y += p.y;
+      s.z += p.z;
+      s.w += p.w;
+    }
+    const float sum[1][4] = {{s.x, s.y, s.z, s.w}};
+    store_row_block_scaled(sum, out, T, N, rb0 + j, lane, r0, r1);
+    __syncwarp();  // every lane has read the slot
+    if (lane == 0) mbar_arrive(&stored[d]);
+  };
+  for (int j = 0; j < n_rb; ++j) {
+    const int slot = j % S;
+    // The stage's codes and scales into registers and its slot refilled before the sums (the
+    // narrow blocks' early refill), then the sums.
+    mbar_wait(&my_full[slot], (j / S) & 1);
+    const unsigned char* stage = my_ring + slot * w.unit_bytes;
+    uint4 wv[kUnitChunks];
+    float2 sv[kUnitChunks];
+    chunk_codes<kUnitChunks>(reinterpret_cast<const uint4*>(stage + w.slots * kSlotBytes),
+                             reinterpret_cast<const float2*>(stage), 0, lane, soff, wv, sv);
+    __syncwarp();
+    if (lane == 0 && j + S < n_rb) request(j + S, landed_zero(wv, sv, T));
+    float acc[1][4] = {};
+#pragma unroll
+    for (int u0 = 0; u0 < kUnitChunks; u0 += 2)
+      chunk_sums<1, 2, true>(reinterpret_cast<const uint4(&)[2]>(wv[u0]), reinterpret_cast<const float2(&)[2]>(sv[u0]),
+                             reinterpret_cast<const uint4(&)[2][1][2]>(xv[u0]), acc);
+    // The partial into row block j's slot, once the row block D before it there is stored.
+    const int d = j % D;
+    if (j >= D) mbar_wait(&stored[d], (j / D - 1) & 1);
+    parts[(d * warps + warp) * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+    __syncwarp();  // the lanes' partials before lane 0's arrival releases them
+    if (lane == 0) mbar_arrive(&given[d]);
+    if (j >= L && (j - L) % warps == warp) sum_and_store(j - L);
+  }
+  for (int j = max(0, n_rb - L); j < n_rb; ++j)
+    if (j % warps == warp) sum_and_store(j);
+}
+
+// Blocks of the kernel of `warps` warps and `smem` bytes an SM (its shared-memory limit raised on
+// first use).
+template <bool Copy>
+int kslice_blocks_per_sm(int warps, size_t smem) {
+  static const int ready = raise_dynamic_smem_limit(reinterpret_cast<const void*>(qgemv_kslice_kernel<Copy>));
+  (void)ready;
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_kslice_kernel<Copy>, 32 * warps, smem));
+  DS_ASSERT(per_sm >= 1, "W4A16 K-slice GEMV: no block of %d warps and %zu bytes fits an SM", warps, smem);
+  return per_sm;
+}
+
+// A launch: K / 256 warps a block, as many blocks as fit on the GPU at once (at most one a row
+// block), the whole of the shared memory as carveout (the inputs are read through L1 but once).
+inline void launch_kslice(const W4Tiled& w, const __nv_bfloat16* x, const __half* x_f16, const OutParts& out, int T,
+                          int N, int K, cudaStream_t s) {
+  DS_ASSERT(T >= 1 && T <= 8 && kslice_fits(K), "W4A16 K-slice GEMV: T %d, K %d", T, K);
+  const int warps = K / kKSliceUnitCols, row_blocks = (N + 15) / 16;
+  const size_t smem = kslice_smem_bytes(warps, w.unit_bytes);
+  auto go = [&](auto copy) {
+    constexpr bool Copy = decltype(copy)::value;
+    const dim3 grid(std::min(row_blocks, sm_count() * kslice_blocks_per_sm<Copy>(warps, smem)));
+    const __nv_bfloat16* in = Copy ? reinterpret_cast<const __nv_bfloat16*>(x_f16) : x;
+    launch_kernel_carveout("qgemv_kslice", qgemv_kslice_kernel<Copy>, grid, dim3(32 * warps), smem, kOneTokenCarveout,
+                           s, w, in, out, T, N, K);
+  };
+  if (x_f16) go(std::true_type{});
+  else go(std::false_type{});
+}
+
+}  // namespace ds::cuda::qgemv
