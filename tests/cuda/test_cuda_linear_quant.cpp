@@ -19,8 +19,10 @@
 #include <cstring>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_ops.h"
@@ -54,7 +56,9 @@ struct GemvSettingsRestored {
   bool l2_weights = cuda::w4a16_l2_weights();
   bool int8_wide = cuda::int8_gemv_wide();
   bool kslice = cuda::w4a16_gemv_kslice();
+  bool kslice_split = cuda::w4a16_gemv_kslice_split();
   ~GemvSettingsRestored() {
+    cuda::set_w4a16_gemv_kslice_split(kslice_split);
     cuda::set_w4a16_gemv_kslice(kslice);
     cuda::set_int8_gemv_wide(int8_wide);
     cuda::set_w4a16_l2_weights(l2_weights);
@@ -310,6 +314,41 @@ TEST_F(CudaLinearQuantTest, W4A16UnsplitShapesMatchCpu) {
         gpu->reset_scratch();
         cpu.reset_scratch();
       }
+  }
+}
+
+// The K-slice kernel's split form (qgemv_kslice.cuh) at 2, 5 and 8 tokens on split launches it
+// takes: the 27B's down (5,120 x 17,408: 9 splits of 7-8 units) and a qkvz-like 16,392 x 5,120 (3
+// splits of 6-7 units; its last tile one row block of 8 rows), against the CPU and bit for bit on a
+// repeat. (Which launches it takes depends on the splits, so on the SM count: checked on a GPU of
+// 132 SMs, the H100 and H200.)
+TEST_F(CudaLinearQuantTest, W4A16KSliceSplitMatchesCpu) {
+  const GemvSettingsRestored restore;
+  cuda::set_w4a16_gemv_kslice_split(true);
+  for (const auto& [N, K] : std::initializer_list<std::pair<int, int>>{{5120, 17408}, {16392, 5120}}) {
+    W4Case c = make_w4(*gpu, rng, N, K, 128);
+    const Tensor w_cpu = cpu.upload(c.dense.data(), DType::kF32, {N, K}, DType::kF32);
+    for (int T : {2, 5, 8}) {
+      const std::string what = "N" + std::to_string(N) + " K" + std::to_string(K) + " T" + std::to_string(T);
+      const bool takes = cuda::w4a16_gemv_takes_kslice_split(T, N, K, 128);
+      if (cuda::sm_count() == 132) {
+        EXPECT_TRUE(takes) << what << ": the split form";
+      }
+      if (!takes) continue;
+      const std::vector<float> x = random_bf16(size_t(T) * K, rng);
+      Tensor xg = gpu->upload(x.data(), DType::kF32, {T, K}, DType::kBF16);
+      Tensor xc = cpu.upload(x.data(), DType::kF32, {T, K}, DType::kF32);
+      Tensor oc = cpu.scratch(DType::kF32, {T, N}), og = gpu->scratch(DType::kBF16, {T, N});
+      cpu.linear(xc, w_cpu, oc);
+      const std::vector<float> ref(oc.f32(), oc.f32() + oc.numel());
+      gpu->linear_weight(xg, c.gpu_w, og);
+      const std::vector<float> got = download(og);
+      EXPECT_LE(rel_rms(got, ref), 5e-3) << what;
+      gpu->linear_weight(xg, c.gpu_w, og);
+      EXPECT_EQ(download(og), got) << what << " repeated";
+      gpu->reset_scratch();
+      cpu.reset_scratch();
+    }
   }
 }
 
@@ -655,10 +694,13 @@ TEST_F(CudaLinearQuantTest, W4A16GatedLinear) {
 // linear_swiglu, the small dense GEMV of two parts), the same bits on a second launch, and the
 // tiled parts given the fp16 copy against those without it. Then a down_proj of the product, a
 // second linear_add_rms_norm, given the product's fp16 copy from linear_swiglu and not. Shapes: the
-// 27B's o_proj (gated by sigmoid) and down; H 1152, where the unsplit gate_up (the 27B's 34,816
-// rows) takes 18 chunks a row block: 5 stages a warp, the last of 2 chunks, and the early refill
-// of stage 2 asks for it; and N 320 (a short last tile) at group 64.
+// 27B's o_proj (gated by sigmoid) and down, the consumers its attention's qkv; H 1152, where the
+// unsplit gate_up (the 27B's 34,816 rows) takes 18 chunks a row block: 5 stages a warp, the last of
+// 2 chunks, and the early refill of stage 2 asks for it; and N 320 (a short last tile) at group
+// 64. At 3 and 8 tokens again with the K-slice kernel's split form on (on the 27B's shapes it takes
+// qkv and down: w4a16_gemv_takes_kslice_split).
 TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
+  const GemvSettingsRestored restore;
   struct Shape {
     int H, K, group;
     bool gated;
@@ -667,8 +709,8 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
     bool unsplit_gate_up = false;  // checked: gate_up takes one split (narrow blocks) at one token
   };
   constexpr float kEps = 1e-6f;
-  for (const Shape& sh : {Shape{5120, 6144, 128, true, 17408, {4096, 1024, 1024}},
-                          Shape{5120, 17408, 128, false, 17408, {4096, 1024, 1024}},
+  for (const Shape& sh : {Shape{5120, 6144, 128, true, 17408, {12288, 1024, 1024}},
+                          Shape{5120, 17408, 128, false, 17408, {12288, 1024, 1024}},
                           Shape{1152, 3072, 128, false, 17408, {1024, 256, 128}, true},
                           Shape{320, 1024, 64, false, 448, {128, 64, 48}}}) {
     const int H = sh.H, K = sh.K, I = sh.I, Nq = sh.parts[0] + sh.parts[1] + sh.parts[2];
@@ -691,8 +733,12 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
     if (sh.unsplit_gate_up) {
       EXPECT_EQ(cuda::w4a16_gemv_splits(1, 2 * I, H), 1) << "H" << H << " gate_up unsplit";
     }
-    for (int T : {1, 3, 8}) {
-      const std::string what = "H" + std::to_string(H) + " K" + std::to_string(K) + " T" + std::to_string(T);
+    // At 3 and 8 tokens also with the split launches on the K-slice kernel's split form.
+    for (const auto& [T, kslice_split] :
+         std::initializer_list<std::pair<int, bool>>{{1, false}, {3, false}, {8, false}, {3, true}, {8, true}}) {
+      cuda::set_w4a16_gemv_kslice_split(kslice_split);
+      const std::string what = "H" + std::to_string(H) + " K" + std::to_string(K) + " T" + std::to_string(T) +
+                               (kslice_split ? " k-slice split" : "");
       const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng),
                                x = random_bf16(size_t(T) * H, rng, 4.f);
       // x after the op, then the consumers' outputs: 3 parts, silu(gate) * up, 2 small parts; then

@@ -220,6 +220,16 @@ void set_w4a16_l2_weights(bool on);
 // | 0; tests may switch it.
 bool w4a16_gemv_kslice();
 void set_w4a16_gemv_kslice(bool on);
+// Whether split launches of 2-8 tokens of whole units of K take the K-slice kernel's split form
+// (qgemv_kslice.cuh: each warp a unit of its block's split of K, the tile's row blocks in turn)
+// where its splits hold 4-8 units each (kslice_split_fits: down, qkvz, qkv). On an H100 verify 8
+// at 4k 6.740 against 6.909 ms, verify 4 -0.10, C8 -0.17, one token even
+// (docs/perf/2026-12-07-s78-cuda-27b.md). env DS_W4A16_KSLICE_SPLIT = 1 (default) | 0; tests may
+// switch it.
+bool w4a16_gemv_kslice_split();
+void set_w4a16_gemv_kslice_split(bool on);
+// Whether a launch of T tokens of an N x K W4A16 weight (ungated, not W4A8) takes that split form.
+bool w4a16_gemv_takes_kslice_split(int T, int N, int K, int group);
 // Whether launches of 9 to 64 tokens take the TMA kernel whose blocks share their inputs
 // (qgemv_wide.cuh) rather than the one-tile kernel. env DS_W4A16_WIDE = 1 (default) | 0; tests
 // may switch it.

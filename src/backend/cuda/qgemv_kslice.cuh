@@ -1,5 +1,6 @@
 // The W4A16 GEMV's K-slice form: unsplit launches of 2-8 tokens (one token tile) whose K is whole
-// units (256 columns), at most kKSliceMaxWarps of them (gate_up's 5,120: 20).
+// units (256 columns), at most kKSliceMaxWarps of them (gate_up's 5,120: 20); and its split form,
+// split launches of 2-8 tokens whose splits hold 4-8 whole units (down, qkvz, qkv).
 //
 // The narrow blocks of qgemv_tma.cuh give each warp a 16-row block over all of K, so every warp
 // reads every token's inputs for each unit it sums: at 8 tokens 1 KB of inputs a 512-byte chunk of
@@ -19,7 +20,21 @@
 // 55.8 against 37.4 us: that warp, delayed by the work, gave the next row block's last partial too.
 // The split launches of no norm output (qkvz, qkv) on it as well gained nothing more (verify 8
 // -0.096, C8 -0.062) (docs/perf/2026-12-06-s77-cuda-27b.md).
+//
+// Its split form (qgemv_kslice_split_kernel: split launches of 2-8 tokens whose splits hold 4-8
+// units, down, qkvz and qkv) keeps the split launches' grid, tiles of 8 row blocks by splits of K,
+// and their split-K epilogue (store_results: the partials, the tile's counter, the last block's
+// sums and the norm), but turns each block around the same way: warp u holds unit u of the
+// block's split of K of the inputs in registers, loaded once, and streams that unit of each of the
+// tile's row blocks, rather than each warp a row block over the split, reading the staged inputs
+// of every token for each unit (and the block first staging them). The warps' partials of the
+// tile's row blocks meet in shared memory once, after the last; warp r then adds row block r's
+// and hands it to store_results. On an H100 verify 8 at 4k 6.740 against 6.909 ms (down 19.92
+// against 22.42 us a launch, qkvz 18.20 against 19.48), verify 4 6.424 against 6.526, C8 7.212
+// against 7.377, one token even.
 #pragma once
+
+#include <algorithm>
 
 #include "backend/cuda/qgemv_tma.cuh"
 
@@ -178,6 +193,138 @@ inline void launch_kslice(const W4Tiled& w, const __nv_bfloat16* x, const __half
     const __nv_bfloat16* in = Copy ? reinterpret_cast<const __nv_bfloat16*>(x_f16) : x;
     launch_kernel_carveout("qgemv_kslice", qgemv_kslice_kernel<Copy>, grid, dim3(32 * warps), smem, kOneTokenCarveout,
                            s, w, in, out, T, N, K);
+  };
+  if (x_f16) go(std::true_type{});
+  else go(std::false_type{});
+}
+
+// The split form: whether a split launch of K columns in `splits` splits takes it: whole units, at
+// most kWarps and at least kKSliceSplitMinUnits a split. On the 27B: down (9 splits of 7-8
+// units), qkvz and qkv (3 of 6-7), not out_proj and o_proj (9 of 2-3: with them too verify 8 at 4k
+// 6.852 against 6.740 ms; and in 3 splits of 8 units, 120 blocks, they took 12.70 and 16.50 us a
+// launch against 9.50 and 10.40, H100, docs/perf/2026-12-07-s78-cuda-27b.md).
+constexpr int kKSliceSplitMinUnits = 4;
+inline bool kslice_split_fits(int K, int splits) {
+  const int units = K / kKSliceUnitCols;
+  return K % kKSliceUnitCols == 0 && splits > 1 && (units + splits - 1) / splits <= kWarps &&
+         units / splits >= kKSliceSplitMinUnits;
+}
+constexpr int kKSliceSplitStages = 2;
+
+// The split form's shared memory: mbarriers u64 [kWarps][stages], the rings u8 [kWarps][stages]
+// [unit] (kRingAlign-aligned), the partials f32x4 [kWarps row blocks][kWarps warps][32 lanes].
+inline size_t kslice_split_smem_bytes(int unit_bytes) {
+  constexpr int S = kKSliceSplitStages;
+  return mbar_array_bytes(kWarps * S) + kRingAlign + size_t(kWarps) * S * unit_bytes +
+         size_t(kWarps) * kWarps * 32 * sizeof(float4);
+}
+
+// x: bf16 [T, K], or with Copy a producer's fp16 copy of x / 16 [T, K]. Grid (tiles of kWarps row
+// blocks, splits of K in whole units); kWarps warps a block, warp u streaming unit u of the
+// block's split (warps past the split's units only sum). partial f32 [gridDim.y, T, N] and
+// counters as store_results takes them.
+template <bool Copy>
+__global__ void __launch_bounds__(kWarps * 32, 3)
+    qgemv_kslice_split_kernel(W4Tiled w, const __nv_bfloat16* __restrict__ x, OutParts out,
+                              float* __restrict__ partial, int* __restrict__ counters, int T, int N, int K) {
+  constexpr int S = kKSliceSplitStages;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem_raw);  // [kWarps][S]
+  const uint32_t smem_base = smem_u32(smem_raw);
+  unsigned char* rings =
+      smem_raw + (((smem_base + mbar_array_bytes(kWarps * S) + kRingAlign - 1) & ~(kRingAlign - 1)) - smem_base);
+  float4* parts = reinterpret_cast<float4*>(rings + kWarps * S * w.unit_bytes);  // [row block][warp][32]
+  const int units = K / kKSliceUnitCols;
+  const int u0 = static_cast<int>(int64_t(blockIdx.y) * units / gridDim.y);
+  const int n_units = static_cast<int>(int64_t(blockIdx.y + 1) * units / gridDim.y) - u0;
+  const int rb0 = blockIdx.x * kWarps, n_rb = min(kWarps, (N + 15) / 16 - rb0);
+  const bool streams = warp < n_units;
+  uint64_t* const my_full = full + warp * S;
+  unsigned char* const my_ring = rings + warp * S * w.unit_bytes;
+  // Unit u0 + warp of the tile's row block j into slot j % S (after: as in qgemv_tma_kernel).
+  auto request = [&](int j, uint32_t after = 0) {
+    const int slot = j % S;
+    const uint32_t bytes = static_cast<uint32_t>(w.unit_bytes) + after;
+    mbar_arrive_expect_tx(&my_full[slot], bytes);
+    bulk_copy_g2s(my_ring + slot * w.unit_bytes, w.unit(rb0 + j, u0 + warp), bytes, &my_full[slot]);
+  };
+  if (lane == 0 && streams) {
+    for (int i = 0; i < S; ++i) mbar_init(&my_full[i], 1);
+    mbar_init_fence();
+    for (int j = 0; j < min(S, n_rb); ++j) request(j);
+  }
+  __syncwarp();
+  pdl_wait();  // x and the norm's sums come from the previous kernel; out may still be read by it
+  pdl_trigger();
+
+  if (streams) {
+    // The lane's inputs of the warp's unit, as in qgemv_kslice_kernel.
+    uint4 xv[kUnitChunks][1][2];
+    {
+      const int t = min(lane / 4, T - 1);
+      const __nv_bfloat16* const xs[1] = {x + int64_t(t) * K + (u0 + warp) * kKSliceUnitCols + 16 * (lane % 4)};
+      load_inputs<1, kUnitChunks, false>(xs, 0, xv);
+      if constexpr (!Copy) {
+#pragma unroll
+        for (int u = 0; u < kUnitChunks; ++u)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) xv[u][0][h] = bf16x8_to_f16x8_16th(xv[u][0][h]);
+      }
+    }
+    int soff[kUnitChunks];
+#pragma unroll
+    for (int u = 0; u < kUnitChunks; ++u) soff[u] = (u >> w.slot_shift) * 8;
+    for (int j = 0; j < n_rb; ++j) {
+      const int slot = j % S;
+      mbar_wait(&my_full[slot], (j / S) & 1);
+      const unsigned char* stage = my_ring + slot * w.unit_bytes;
+      uint4 wv[kUnitChunks];
+      float2 sv[kUnitChunks];
+      chunk_codes<kUnitChunks>(reinterpret_cast<const uint4*>(stage + w.slots * kSlotBytes),
+                               reinterpret_cast<const float2*>(stage), 0, lane, soff, wv, sv);
+      __syncwarp();
+      if (lane == 0 && j + S < n_rb) request(j + S, landed_zero(wv, sv, T));
+      float acc[1][4] = {};
+#pragma unroll
+      for (int c = 0; c < kUnitChunks; c += 2)
+        chunk_sums<1, 2, true>(reinterpret_cast<const uint4(&)[2]>(wv[c]), reinterpret_cast<const float2(&)[2]>(sv[c]),
+                               reinterpret_cast<const uint4(&)[2][1][2]>(xv[c]), acc);
+      parts[(j * kWarps + warp) * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
+    }
+  }
+  __syncthreads();  // every warp's partials of the tile's row blocks
+  // Row block rb0 + warp: its split's sum, in warp order, to store_results.
+  float acc[1][4] = {};
+  if (warp < n_rb) {
+    const float4* const rb_parts = parts + warp * kWarps * 32 + lane;
+    for (int v = 0; v < n_units; ++v) {
+      const float4 p = rb_parts[v * 32];
+      acc[0][0] += p.x;
+      acc[0][1] += p.y;
+      acc[0][2] += p.z;
+      acc[0][3] += p.w;
+    }
+  }
+  store_results<1, true>(acc, out, partial, counters, T, N, rb0 + warp, lane);
+}
+
+// A split launch of 2-8 tokens on the split form: a block a tile and split.
+inline void launch_kslice_split(const W4Tiled& w, const __nv_bfloat16* x, const __half* x_f16, const OutParts& out,
+                                float* partial, int* counters, int splits, int T, int N, int K, cudaStream_t s) {
+  DS_ASSERT(T >= 1 && T <= 8 && kslice_split_fits(K, splits) && partial,
+            "W4A16 K-slice split GEMV: T %d, K %d, %d splits", T, K, splits);
+  const size_t smem = kslice_split_smem_bytes(w.unit_bytes);
+  const dim3 grid((N + kTileRows - 1) / kTileRows, splits);
+  DS_ASSERT(grid.x <= unsigned(kGemvMaxSplitTiles), "W4A16 K-slice split GEMV: %u tiles", grid.x);
+  auto go = [&](auto copy) {
+    constexpr bool Copy = decltype(copy)::value;
+    static const int ready =
+        raise_dynamic_smem_limit(reinterpret_cast<const void*>(qgemv_kslice_split_kernel<Copy>));
+    (void)ready;
+    const __nv_bfloat16* in = Copy ? reinterpret_cast<const __nv_bfloat16*>(x_f16) : x;
+    launch_kernel("qgemv_kslice_split", qgemv_kslice_split_kernel<Copy>, grid, dim3(kWarps * 32), smem, s, w, in,
+                  out, partial, counters, T, N, K);
   };
   if (x_f16) go(std::true_type{});
   else go(std::false_type{});

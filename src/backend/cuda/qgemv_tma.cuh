@@ -919,6 +919,8 @@ inline bool tma_narrow_x_fits(int T, int K, int unit_bytes, int warps) {
   return tma_narrow_x_smem_bytes(T, K, unit_bytes, warps) + 1024 <= size_t(smem_per_block_optin());
 }
 
+// (At 2-8 tokens the split launches whose splits hold 4-8 whole units, down, qkvz and qkv, take the
+// K-slice kernel's split form instead: qgemv_kslice.cuh, w4a16_gemv_kslice_split.)
 // XSmem where tma_x_smem_form allows it (and x_smem_allowed); a gate (xb, gate) only with XSmem.
 // f16 (one token tile, with x_smem_allowed): the launches that stage their inputs take them as fp16
 // (F16), and so do unsplit ones, whose narrow blocks stage x where it fits beside their rings in

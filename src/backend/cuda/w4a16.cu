@@ -240,6 +240,7 @@ bool g_wgmma = false;
 #endif
 bool g_l2_weights = env_flag("DS_W4A16_L2_WEIGHTS", false);
 bool g_kslice = env_flag("DS_W4A16_KSLICE", true);
+bool g_kslice_split = env_flag("DS_W4A16_KSLICE_SPLIT", true);
 
 // -1: the default of w4a16_gemv_tokens.
 int g_tokens = [] {
@@ -380,6 +381,18 @@ bool w4a16_l2_weights() { return g_l2_weights; }
 void set_w4a16_l2_weights(bool on) { g_l2_weights = on; }
 bool w4a16_gemv_kslice() { return g_kslice; }
 void set_w4a16_gemv_kslice(bool on) { g_kslice = on; }
+bool w4a16_gemv_kslice_split() { return g_kslice_split; }
+void set_w4a16_gemv_kslice_split(bool on) { g_kslice_split = on; }
+namespace {
+// Whether a launch of T tokens in `splits` splits of K takes the K-slice kernel's split form.
+bool takes_kslice_split(int T, int K, int splits) {
+  return T >= 2 && T <= 8 && g_kslice_split && w4a16_gemv_tma() && qgemv::kslice_split_fits(K, splits);
+}
+}  // namespace
+bool w4a16_gemv_takes_kslice_split(int T, int N, int K, int group) {
+  return T <= w4a16_gemv_tokens() && w4a16_tiled_supports(K, group) &&
+         takes_kslice_split(T, K, w4a16_gemv_splits(T, N, K));
+}
 // At 5-8 tokens too: verify 8 at 4k 6.187-6.208 ms against 6.237-6.251 with copies at 1-4 tokens
 // only, gate_up 30.60 against 31.97 us a launch (H200, docs/perf/2026-12-04-s45-cuda-27b.md).
 bool w4a16_gemv_reads_f16_copy(int T) {
@@ -495,6 +508,11 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
   if (T >= 2 && T <= 8 && splits == 1 && gate == GemvGate::kNone && g_kslice && w4a16_gemv_tma() &&
       qgemv::kslice_fits(K)) {
     qgemv::launch_kslice(w, x, x_f16, parts, T, N, K, s);
+    return;
+  }
+  // Split launches of 2-8 tokens on its split form (w4a16_gemv_kslice_split).
+  if (gate == GemvGate::kNone && takes_kslice_split(T, K, splits)) {
+    qgemv::launch_kslice_split(w, x, x_f16, parts, partial, counters, splits, T, N, K, s);
     return;
   }
 #ifdef DS_GEMV_STAMPS
