@@ -739,6 +739,10 @@ TEST_F(CudaLinearQuantTest, DeferredNormMatchesSeparate) {
       cuda::set_w4a16_gemv_kslice_split(kslice_split);
       const std::string what = "H" + std::to_string(H) + " K" + std::to_string(K) + " T" + std::to_string(T) +
                                (kslice_split ? " k-slice split" : "");
+      if (kslice_split && H == 5120 && cuda::sm_count() == 132) {  // (its splits depend on the SM count)
+        EXPECT_TRUE(cuda::w4a16_gemv_takes_kslice_split(T, Nq, H, sh.group)) << what << " qkv on the split form";
+        EXPECT_TRUE(cuda::w4a16_gemv_takes_kslice_split(T, H, I, sh.group)) << what << " down on the split form";
+      }
       const std::vector<float> a = random_bf16(size_t(T) * K, rng), b = random_bf16(size_t(T) * K, rng),
                                x = random_bf16(size_t(T) * H, rng, 4.f);
       // x after the op, then the consumers' outputs: 3 parts, silu(gate) * up, 2 small parts; then
