@@ -58,6 +58,45 @@ inline size_t kslice_smem_bytes(int warps, int unit_bytes) {
          size_t(warps) * kKSliceStages * unit_bytes + size_t(kKSliceSlots) * warps * 32 * sizeof(float4);
 }
 
+// The lane's inputs of unit `unit` of K as the F16 form takes them: xv[u][0][h] = columns
+// [8h, 8h + 8) of its 16 in chunk u, in the row of its token (lanes past T read the last token's;
+// their columns are never stored). x: bf16 [T, K], or with Copy a producer's fp16 copy of x / 16.
+template <bool Copy>
+__device__ __forceinline__ void kslice_unit_inputs(const __nv_bfloat16* __restrict__ x, int T, int K, int unit,
+                                                   int lane, uint4 (&xv)[kUnitChunks][1][2]) {
+  const int t = min(lane / 4, T - 1);
+  const __nv_bfloat16* const xs[1] = {x + int64_t(t) * K + unit * kKSliceUnitCols + 16 * (lane % 4)};
+  load_inputs<1, kUnitChunks, false>(xs, 0, xv);
+  if constexpr (!Copy) {
+#pragma unroll
+    for (int u = 0; u < kUnitChunks; ++u)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) xv[u][0][h] = bf16x8_to_f16x8_16th(xv[u][0][h]);
+  }
+}
+
+// A landed one-unit stage of a warp's ring summed into acc (zeroed here): its codes and scales
+// into registers, then refill(after) (lane 0 asks for the slot's next unit, after as in
+// qgemv_tma_kernel: the narrow blocks' early refill), then the sums. soff: chunk u's scales.
+template <class Refill>
+__device__ __forceinline__ void kslice_stage_sums(const W4Tiled& w, const unsigned char* stage, int lane, int T,
+                                                  const int (&soff)[kUnitChunks],
+                                                  const uint4 (&xv)[kUnitChunks][1][2], Refill refill,
+                                                  float (&acc)[1][4]) {
+  uint4 wv[kUnitChunks];
+  float2 sv[kUnitChunks];
+  chunk_codes<kUnitChunks>(reinterpret_cast<const uint4*>(stage + w.slots * kSlotBytes),
+                           reinterpret_cast<const float2*>(stage), 0, lane, soff, wv, sv);
+  __syncwarp();
+  refill(landed_zero(wv, sv, T));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[0][i] = 0.f;
+#pragma unroll
+  for (int c = 0; c < kUnitChunks; c += 2)
+    chunk_sums<1, 2, true>(reinterpret_cast<const uint4(&)[2]>(wv[c]), reinterpret_cast<const float2(&)[2]>(sv[c]),
+                           reinterpret_cast<const uint4(&)[2][1][2]>(xv[c]), acc);
+}
+
 // x: bf16 [T, K], or with Copy a producer's fp16 copy of x / 16 [T, K]. K / 256 warps a block; the
 // blocks take consecutive ranges of the (N + 15) / 16 row blocks.
 template <bool Copy>
@@ -101,20 +140,8 @@ __global__ void __launch_bounds__(kKSliceMaxWarps * 32, 1)
   pdl_wait();       // x and the norm's sums come from the previous kernel; out may still be read by it
   pdl_trigger();
 
-  // The lane's inputs of the warp's unit: xv[u][0][h] = columns [8h, 8h + 8) of its 16 in chunk u,
-  // in the row of its token (lanes past T read the last token's; their columns are never stored).
-  uint4 xv[kUnitChunks][1][2];
-  {
-    const int t = min(lane / 4, T - 1);
-    const __nv_bfloat16* const xs[1] = {x + int64_t(t) * K + warp * kKSliceUnitCols + 16 * (lane % 4)};
-    load_inputs<1, kUnitChunks, false>(xs, 0, xv);
-    if constexpr (!Copy) {
-#pragma unroll
-      for (int u = 0; u < kUnitChunks; ++u)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) xv[u][0][h] = bf16x8_to_f16x8_16th(xv[u][0][h]);
-    }
-  }
+  uint4 xv[kUnitChunks][1][2];  // the lane's inputs of the warp's unit
+  kslice_unit_inputs<Copy>(x, T, K, warp, lane, xv);
   float r0, r1;  // the consumer's factors of the lane's tokens 2 q4 and 2 q4 + 1
   lane_row_scales(out, T, lane, r0, r1);
   int soff[kUnitChunks];
@@ -141,21 +168,11 @@ __global__ void __launch_bounds__(kKSliceMaxWarps * 32, 1)
   };
   for (int j = 0; j < n_rb; ++j) {
     const int slot = j % S;
-    // The stage's codes and scales into registers and its slot refilled before the sums (the
-    // narrow blocks' early refill), then the sums.
     mbar_wait(&my_full[slot], (j / S) & 1);
-    const unsigned char* stage = my_ring + slot * w.unit_bytes;
-    uint4 wv[kUnitChunks];
-    float2 sv[kUnitChunks];
-    chunk_codes<kUnitChunks>(reinterpret_cast<const uint4*>(stage + w.slots * kSlotBytes),
-                             reinterpret_cast<const float2*>(stage), 0, lane, soff, wv, sv);
-    __syncwarp();
-    if (lane == 0 && j + S < n_rb) request(j + S, landed_zero(wv, sv, T));
-    float acc[1][4] = {};
-#pragma unroll
-    for (int u0 = 0; u0 < kUnitChunks; u0 += 2)
-      chunk_sums<1, 2, true>(reinterpret_cast<const uint4(&)[2]>(wv[u0]), reinterpret_cast<const float2(&)[2]>(sv[u0]),
-                             reinterpret_cast<const uint4(&)[2][1][2]>(xv[u0]), acc);
+    float acc[1][4];
+    kslice_stage_sums(w, my_ring + slot * w.unit_bytes, lane, T, soff, xv, [&](uint32_t after) {
+      if (lane == 0 && j + S < n_rb) request(j + S, after);
+    }, acc);
     // The partial into row block j's slot, once the row block D before it there is stored.
     const int d = j % D;
     if (j >= D) mbar_wait(&stored[d], (j / D - 1) & 1);
@@ -259,37 +276,18 @@ __global__ void __launch_bounds__(kWarps * 32, 3)
   pdl_trigger();
 
   if (streams) {
-    // The lane's inputs of the warp's unit, as in qgemv_kslice_kernel.
-    uint4 xv[kUnitChunks][1][2];
-    {
-      const int t = min(lane / 4, T - 1);
-      const __nv_bfloat16* const xs[1] = {x + int64_t(t) * K + (u0 + warp) * kKSliceUnitCols + 16 * (lane % 4)};
-      load_inputs<1, kUnitChunks, false>(xs, 0, xv);
-      if constexpr (!Copy) {
-#pragma unroll
-        for (int u = 0; u < kUnitChunks; ++u)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) xv[u][0][h] = bf16x8_to_f16x8_16th(xv[u][0][h]);
-      }
-    }
+    uint4 xv[kUnitChunks][1][2];  // the lane's inputs of the warp's unit
+    kslice_unit_inputs<Copy>(x, T, K, u0 + warp, lane, xv);
     int soff[kUnitChunks];
 #pragma unroll
     for (int u = 0; u < kUnitChunks; ++u) soff[u] = (u >> w.slot_shift) * 8;
     for (int j = 0; j < n_rb; ++j) {
       const int slot = j % S;
       mbar_wait(&my_full[slot], (j / S) & 1);
-      const unsigned char* stage = my_ring + slot * w.unit_bytes;
-      uint4 wv[kUnitChunks];
-      float2 sv[kUnitChunks];
-      chunk_codes<kUnitChunks>(reinterpret_cast<const uint4*>(stage + w.slots * kSlotBytes),
-                               reinterpret_cast<const float2*>(stage), 0, lane, soff, wv, sv);
-      __syncwarp();
-      if (lane == 0 && j + S < n_rb) request(j + S, landed_zero(wv, sv, T));
-      float acc[1][4] = {};
-#pragma unroll
-      for (int c = 0; c < kUnitChunks; c += 2)
-        chunk_sums<1, 2, true>(reinterpret_cast<const uint4(&)[2]>(wv[c]), reinterpret_cast<const float2(&)[2]>(sv[c]),
-                               reinterpret_cast<const uint4(&)[2][1][2]>(xv[c]), acc);
+      float acc[1][4];
+      kslice_stage_sums(w, my_ring + slot * w.unit_bytes, lane, T, soff, xv, [&](uint32_t after) {
+        if (lane == 0 && j + S < n_rb) request(j + S, after);
+      }, acc);
       parts[(j * kWarps + warp) * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
     }
   }
