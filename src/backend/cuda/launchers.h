@@ -212,12 +212,13 @@ bool w4a16_gemv_reads_f16_copy(int T);
 // sets. env DS_W4A16_L2_WEIGHTS = 0 (default) | 1, warned about once when used; tests may switch it.
 bool w4a16_l2_weights();
 void set_w4a16_l2_weights(bool on);
-// Whether unsplit launches of 2-8 tokens whose K is at most 20 whole units (gate_up) take the
+// Whether unsplit launches of 1-8 tokens whose K is at most 20 whole units (gate_up) take the
 // K-slice kernel (qgemv_kslice.cuh: each warp a unit of K of the inputs in registers, the partials
 // added through shared memory) rather than the narrow blocks of the TMA kernel, each warp a row
 // block over all of K. On an H100: verify 8 at 4k 6.932 against 7.032 ms, verify 4 -0.05, C8
-// -0.08, one token even (docs/perf/2026-12-06-s77-cuda-27b.md). env DS_W4A16_KSLICE = 1 (default)
-// | 0; tests may switch it.
+// -0.08 (docs/perf/2026-12-06-s77-cuda-27b.md); at one token too, C1 at 1k 5.94 against 6.07
+// (docs/perf/2026-12-07-s80-cuda-27b.md). env DS_W4A16_KSLICE = 1 (default) | 0; tests may switch
+// it.
 bool w4a16_gemv_kslice();
 void set_w4a16_gemv_kslice(bool on);
 // Whether split launches of 2-8 tokens of whole units of K take the K-slice kernel's split form

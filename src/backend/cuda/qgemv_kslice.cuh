@@ -1,4 +1,4 @@
-// The W4A16 GEMV's K-slice form: unsplit launches of 2-8 tokens (one token tile) whose K is whole
+// The W4A16 GEMV's K-slice form: unsplit launches of 1-8 tokens (one token tile) whose K is whole
 // units (256 columns), at most kKSliceMaxWarps of them (gate_up's 5,120: 20); and its split form,
 // split launches of 2-8 tokens whose splits hold 4-8 whole units (down, qkvz, qkv).
 //
@@ -20,6 +20,11 @@
 // 55.8 against 37.4 us: that warp, delayed by the work, gave the next row block's last partial too.
 // The split launches of no norm output (qkvz, qkv) on it as well gained nothing more (verify 8
 // -0.096, C8 -0.062) (docs/perf/2026-12-06-s77-cuda-27b.md).
+// At one token, where reading the inputs once saves nothing, it is the layout that pays: gate_up
+// in 132 blocks of 20 warps, every SM the same 16-17 row blocks, where the narrow blocks (242 of 9
+// warps) leave 110 SMs with two blocks and 22 with one. On an H100 C1 at 1k 5.936-5.945 against
+// 6.062-6.071 ms. The split form at one token (down, qkvz, qkv) was no faster: 6.079
+// (docs/perf/2026-12-07-s80-cuda-27b.md).
 //
 // Its split form (qgemv_kslice_split_kernel: split launches of 2-8 tokens whose splits hold 4-8
 // units, down, qkvz and qkv) keeps the split launches' grid, tiles of 8 row blocks by splits of K,

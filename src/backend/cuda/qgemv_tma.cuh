@@ -975,7 +975,7 @@ void launch_tma(const W4Tiled& w, const __nv_bfloat16* x, const __nv_bfloat16* x
       constexpr GemvGate G = GemvGate::kNone;
       const dim3 grid((N + 16 * warps - 1) / (16 * warps));
       const size_t smem = tma_ring_bytes_of(S, 1, w.unit_bytes, warps);
-      // (gate_up at 2-8 tokens takes the K-slice kernel instead: qgemv_kslice.cuh, w4a16_gemv_kslice.)
+      // (gate_up at 1-8 tokens takes the K-slice kernel instead: qgemv_kslice.cuh, w4a16_gemv_kslice.)
       // 4-8 tokens (kStagedCopyMinTokens): the copy staged as it is beside the rings where it fits
       // (gate_up: 80 KB at 8 tokens), with all of the shared memory as carveout, rather than read
       // through the L1 that narrow_carveout leaves. The split launch after (down) then finds the

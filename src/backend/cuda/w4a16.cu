@@ -504,8 +504,8 @@ void launch_w4a16_gemv(const bf16* x, const uint32_t* tiled, const GemvOut& out,
     else launch_wide<8, false>(w, x, parts, partial, counters, splits, T, N, K, s);
     return;
   }
-  // Unsplit launches of 2-8 tokens (gate_up) on the K-slice kernel (w4a16_gemv_kslice).
-  if (T >= 2 && T <= 8 && splits == 1 && gate == GemvGate::kNone && g_kslice && w4a16_gemv_tma() &&
+  // Unsplit launches of 1-8 tokens (gate_up) on the K-slice kernel (w4a16_gemv_kslice).
+  if (T <= 8 && splits == 1 && gate == GemvGate::kNone && g_kslice && w4a16_gemv_tma() &&
       qgemv::kslice_fits(K)) {
     qgemv::launch_kslice(w, x, x_f16, parts, T, N, K, s);
     return;
