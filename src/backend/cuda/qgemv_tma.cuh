@@ -86,6 +86,9 @@ inline size_t tma_ring_bytes(int nt, int unit_bytes, int warps = kWarps) {
 // docs/perf/2026-12-03-s35-cuda-27b.md. Earlier, 9 against one-warp blocks: verify 8 6.89
 // against 7.07 ms; 6 warps within 0.05 of 9: docs/perf/2026-12-02-s18-cuda-27b.md), each warp
 // with its ring of kNarrowStages. More token tiles (without the wide kernel): one-warp blocks.
+// (Those figures are gate_up's, which since s80 takes the K-slice kernel at 1-8 tokens instead,
+// qgemv_kslice.cuh; the narrow blocks keep the unsplit launches it does not fit, and
+// DS_W4A16_KSLICE=0.)
 // env DS_W4A16_NARROW_WARPS = 1 .. kNarrowMaxWarps sets the one-tile launches' warps.
 constexpr int kNarrowWarpsOneToken = 9;
 constexpr int kNarrowWarpsTokens = 17;
