@@ -217,8 +217,10 @@ void set_w4a16_l2_weights(bool on);
 // added through shared memory) rather than the narrow blocks of the TMA kernel, each warp a row
 // block over all of K. On an H100: verify 8 at 4k 6.932 against 7.032 ms, verify 4 -0.05, C8
 // -0.08 (docs/perf/2026-12-06-s77-cuda-27b.md); at one token too, C1 at 1k 5.94 against 6.07
-// (docs/perf/2026-12-07-s80-cuda-27b.md). env DS_W4A16_KSLICE = 1 (default) | 0; tests may switch
-// it.
+// (docs/perf/2026-12-07-s80-cuda-27b.md). Since the split form (w4a16_gemv_kslice_split) took down
+// at 2-8 tokens, the gain at 8 tokens is gone: verify 8 6.701 against 6.683 ms with it off, C1
+// 5.833 against 5.961 (docs/perf/2026-12-07-s81-cuda-27b.md). env DS_W4A16_KSLICE = 1 (default) | 0;
+// tests may switch it.
 bool w4a16_gemv_kslice();
 void set_w4a16_gemv_kslice(bool on);
 // Whether split launches of 2-8 tokens of whole units of K take the K-slice kernel's split form
