@@ -1221,6 +1221,39 @@ TEST_F(CudaLinearQuantTest, StreamingBySmCount) {
     }
 }
 
+// The rings' ceiling with no DRAM, as figures: the bulk probe at the one-token GEMVs' geometries
+// (gate_up's K-slice blocks, 20 warps of 2 x 2,176 bytes an SM; the split launches', 8 warps x 3
+// blocks of 2 x 4,352; the narrow blocks', 9 warps x 2 of 2 x 2,176) and deeper rings, reading
+// 1 GB from the whole buffer (DRAM) or from its first 8 or 24 MB (L2). Each warp's pieces one
+// stream (warps starting 46 pieces apart share the window's lines at once, as the GEMVs' window
+// does) or one front (at a time the warps read distinct pieces). The GEMVs' figures with
+// DS_W4A16_L2_WEIGHTS (weights from an L2 window) are bounded by these, not by the copy rate.
+TEST_F(CudaLinearQuantTest, StreamingFromL2) {
+  struct Bulk {
+    int bytes, stages, threads, blocks_per_sm;
+  };
+  for (Bulk b : std::vector<Bulk>{{2176, 2, 640, 1}, {2176, 3, 640, 1}, {2176, 4, 640, 1}, {2176, 2, 1024, 1},
+                                  {4352, 2, 256, 3}, {2176, 2, 288, 2}})
+    for (auto order : {cuda::StreamProbe::kStreams, cuda::StreamProbe::kFront})
+      for (int window : {0, 8, 24}) {
+        cuda::StreamProbe p;
+        p.order = order;
+        p.bytes = b.bytes;
+        p.stages = b.stages;
+        p.threads = b.threads;
+        p.blocks_per_sm = b.blocks_per_sm;
+        p.megabytes = 1024;
+        p.window_mb = window;
+        const double gbps = cuda::stream_probe_gbps(p);
+        EXPECT_GT(gbps, 0);
+        std::printf("[figure] stream bulk %-7s %5d B x %d stages, %2d warps x %d blocks an SM, from %s: %.0f GB/s "
+                    "(%.1f%% of %.0f GB/s)\n",
+                    order == cuda::StreamProbe::kFront ? "front" : "streams", b.bytes, b.stages, b.threads / 32,
+                    b.blocks_per_sm, window ? (window == 8 ? "L2, 8 MB" : "L2, 24 MB") : "DRAM", gbps,
+                    100 * gbps / kCopyGbps, kCopyGbps);
+      }
+}
+
 // The ceiling of a decode step's weight stream without launch boundaries, as figures: the 27B's
 // W4A16 linears of a step in layer order (GDN layers: in_proj_qkvz, out_proj; every fourth layer
 // attention: qkv, o_proj; each then gate_up, down), then the int8 lm_head, read by one persistent

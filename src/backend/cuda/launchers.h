@@ -251,7 +251,8 @@ int w4a16_gemv_step_tokens();
 // A read-only streaming probe (stream_probe.cu): GB/s read from a buffer of `megabytes` by
 // sms * blocks_per_sm blocks of `threads`, either through per-warp rings of `stages` bulk copies
 // of `bytes` (a multiple of 16), or with `unroll` (4 or 8) 16-byte loads in flight per thread;
-// the median of `reps` timed passes over the buffer (median_ms, event_timing.cuh). sms: the
+// the median of `reps` timed passes over the buffer (median_ms, event_timing.cuh). A window
+// smaller than L2 reads the same bytes from L2 alone (no DRAM): the rings' ceiling there. sms: the
 // GPU's SM count when 0; fewer reads with part of the GPU, one block an SM where only one fits
 // (the caller's choice of threads and shared memory).
 struct StreamProbe {
@@ -262,6 +263,7 @@ struct StreamProbe {
   int megabytes = 512, reps = 10;
   int sms = 0;
   int ring_offset = -1;  // kBulk, kAsync: rings right after the barriers, or bytes past a 128-byte boundary
+  int window_mb = 0;     // kBulk, kAsync: every piece read from the buffer's first window_mb MB (0: all of it)
 };
 double stream_probe_gbps(const StreamProbe& p);
 // The step's weight stream in one persistent launch (stream_probe.cu): phase_bytes in order (each

@@ -31,10 +31,11 @@ namespace {
 // Async: each slot filled by the warp's 32 lanes with 16-byte cp.async (LDGSTS) instead of one
 // bulk copy, each lane arriving on the slot's barrier once its copies have landed.
 // ring_offset: the rings start right after the barriers (-1), or that many bytes (a multiple of
-// 16) past the first 128-byte boundary after them (StreamProbe::ring_offset).
+// 16) past the first 128-byte boundary after them (StreamProbe::ring_offset). window: piece i is
+// piece i % window of src (pieces; 0: none), so a window smaller than L2 is read from L2.
 template <bool Async>
 __global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int bytes, int stages, bool front,
-                                  int ring_offset, uint32_t* sink) {
+                                  int ring_offset, int64_t window, uint32_t* sink) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem) + warp * stages;
@@ -43,7 +44,10 @@ __global__ void probe_bulk_kernel(const unsigned char* src, int64_t share, int b
   unsigned char* ring = smem + (rings - base) + size_t(warp) * stages * bytes;
   const int64_t gw = int64_t(blockIdx.x) * warps + warp, n_warps = int64_t(gridDim.x) * warps;
   const int n = static_cast<int>(share / bytes);
-  auto piece = [&](int i) { return src + (front ? int64_t(i) * n_warps + gw : gw * n + i) * bytes; };
+  auto piece = [&](int i) {
+    const int64_t p = front ? int64_t(i) * n_warps + gw : gw * n + i;
+    return src + (window > 0 ? p % window : p) * bytes;
+  };
   auto fill = [&](int slot, int i) {  // Async: the whole warp; else lane 0
     unsigned char* dst = ring + size_t(slot) * bytes;
     if constexpr (Async) {
@@ -268,7 +272,12 @@ double stream_probe_gbps(const StreamProbe& p) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     bytes_read = share * blocks * warps;
     const bool front = p.order == StreamProbe::kFront;
-    run = [=] { kernel<<<blocks, p.threads, smem>>>(buf, share, p.bytes, p.stages, front, p.ring_offset, sink); };
+    const int64_t window = (int64_t(p.window_mb) << 20) / p.bytes;
+    DS_ASSERT(p.window_mb >= 0 && p.window_mb <= p.megabytes, "stream probe: window %d MB of %d", p.window_mb,
+              p.megabytes);
+    run = [=] {
+      kernel<<<blocks, p.threads, smem>>>(buf, share, p.bytes, p.stages, front, p.ring_offset, window, sink);
+    };
   } else {
     const int64_t n16 = total / 16;
     bytes_read = total;
