@@ -1225,8 +1225,8 @@ TEST_F(CudaLinearQuantTest, StreamingBySmCount) {
 // (gate_up's K-slice blocks, 20 warps of 2 x 2,176 bytes an SM; the split launches', 8 warps x 3
 // blocks of 2 x 4,352; the narrow blocks', 9 warps x 2 of 2 x 2,176) and deeper rings, reading
 // 1 GB from the whole buffer (DRAM) or from its first 8 or 24 MB (L2). Each warp's pieces one
-// stream (warps starting 46 pieces apart share the window's lines at once, as the GEMVs' window
-// does) or one front (at a time the warps read distinct pieces). The GEMVs' figures with
+// stream (warps whose streams start a window apart read the same lines at once, as the GEMVs'
+// window has them do) or one front (at a time the warps read distinct pieces). The GEMVs' figures with
 // DS_W4A16_L2_WEIGHTS (weights from an L2 window) are bounded by these, not by the copy rate.
 TEST_F(CudaLinearQuantTest, StreamingFromL2) {
   struct Bulk {
