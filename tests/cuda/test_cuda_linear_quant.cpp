@@ -1226,8 +1226,9 @@ TEST_F(CudaLinearQuantTest, StreamingBySmCount) {
 // blocks of 2 x 4,352; the narrow blocks', 9 warps x 2 of 2 x 2,176) and deeper rings, reading
 // 1 GB from the whole buffer (DRAM) or from its first 8 or 24 MB (L2). Each warp's pieces one
 // stream (warps whose streams start a window apart read the same lines at once, as the GEMVs'
-// window has them do) or one front (at a time the warps read distinct pieces). The GEMVs' figures with
-// DS_W4A16_L2_WEIGHTS (weights from an L2 window) are bounded by these, not by the copy rate.
+// window has them do) or one front (at a time the warps read distinct pieces). The GEMVs'
+// figures with DS_W4A16_L2_WEIGHTS (weights from an L2 window) are bounded by these, not by the
+// copy rate.
 TEST_F(CudaLinearQuantTest, StreamingFromL2) {
   struct Bulk {
     int bytes, stages, threads, blocks_per_sm;
@@ -1236,21 +1237,15 @@ TEST_F(CudaLinearQuantTest, StreamingFromL2) {
                                   {4352, 2, 256, 3}, {2176, 2, 288, 2}})
     for (auto order : {cuda::StreamProbe::kStreams, cuda::StreamProbe::kFront})
       for (int window : {0, 8, 24}) {
-        cuda::StreamProbe p;
-        p.order = order;
-        p.bytes = b.bytes;
-        p.stages = b.stages;
-        p.threads = b.threads;
-        p.blocks_per_sm = b.blocks_per_sm;
-        p.megabytes = 1024;
-        p.window_mb = window;
+        const cuda::StreamProbe p{.order = order, .bytes = b.bytes, .stages = b.stages, .threads = b.threads,
+                                  .blocks_per_sm = b.blocks_per_sm, .megabytes = 1024, .window_mb = window};
         const double gbps = cuda::stream_probe_gbps(p);
         EXPECT_GT(gbps, 0);
+        const std::string from = window ? "L2, " + std::to_string(window) + " MB" : "DRAM";
         std::printf("[figure] stream bulk %-7s %5d B x %d stages, %2d warps x %d blocks an SM, from %s: %.0f GB/s "
                     "(%.1f%% of %.0f GB/s)\n",
                     order == cuda::StreamProbe::kFront ? "front" : "streams", b.bytes, b.stages, b.threads / 32,
-                    b.blocks_per_sm, window ? (window == 8 ? "L2, 8 MB" : "L2, 24 MB") : "DRAM", gbps,
-                    100 * gbps / kCopyGbps, kCopyGbps);
+                    b.blocks_per_sm, from.c_str(), gbps, 100 * gbps / kCopyGbps, kCopyGbps);
       }
 }
 
