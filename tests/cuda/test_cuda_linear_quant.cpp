@@ -1127,13 +1127,8 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
                                   {2176, 4, 32, 17},
                                   {2176, 5, 32, 17}})
     for (auto order : {cuda::StreamProbe::kStreams, cuda::StreamProbe::kFront}) {
-      cuda::StreamProbe p;
-      p.method = b.method;
-      p.order = order;
-      p.bytes = b.bytes;
-      p.stages = b.stages;
-      p.threads = b.threads;
-      p.blocks_per_sm = b.blocks_per_sm;
+      const cuda::StreamProbe p{.method = b.method, .order = order, .bytes = b.bytes, .stages = b.stages,
+                                .threads = b.threads, .blocks_per_sm = b.blocks_per_sm};
       const double gbps = cuda::stream_probe_gbps(p);
       EXPECT_GT(gbps, 0);
       std::printf("[figure] stream %-5s %-7s %5d B x %d stages, %2d warps x %2d blocks an SM: %.0f GB/s "
@@ -1142,11 +1137,8 @@ TEST_F(CudaLinearQuantTest, StreamingCeilings) {
                   b.bytes, b.stages, b.threads / 32, b.blocks_per_sm, gbps, 100 * gbps / kCopyGbps, kCopyGbps);
     }
   for (auto [unroll, threads, blocks] : std::vector<std::array<int, 3>>{{4, 256, 4}, {8, 256, 3}, {8, 512, 2}}) {
-    cuda::StreamProbe p;
-    p.method = cuda::StreamProbe::kLoads;
-    p.unroll = unroll;
-    p.threads = threads;
-    p.blocks_per_sm = blocks;
+    const cuda::StreamProbe p{
+        .method = cuda::StreamProbe::kLoads, .unroll = unroll, .threads = threads, .blocks_per_sm = blocks};
     const double gbps = cuda::stream_probe_gbps(p);
     EXPECT_GT(gbps, 0);
     std::printf("[figure] stream loads %d x 16 B in flight, %2d warps x %d blocks an SM: %.0f GB/s "
@@ -1165,12 +1157,8 @@ TEST_F(CudaLinearQuantTest, StreamingRingAlignment) {
   };
   for (Bulk b : std::vector<Bulk>{{2176, 2, 256, 3}, {4352, 2, 256, 3}, {2176, 2, 288, 2}})
     for (int offset : {0, 16, 32, 64}) {
-      cuda::StreamProbe p;
-      p.bytes = b.bytes;
-      p.stages = b.stages;
-      p.threads = b.threads;
-      p.blocks_per_sm = b.blocks_per_sm;
-      p.ring_offset = offset;
+      const cuda::StreamProbe p{.bytes = b.bytes, .stages = b.stages, .threads = b.threads,
+                                .blocks_per_sm = b.blocks_per_sm, .ring_offset = offset};
       const double gbps = cuda::stream_probe_gbps(p);
       EXPECT_GT(gbps, 0);
       std::printf("[figure] stream bulk %5d B x %d stages, %2d warps x %d blocks an SM, rings %2d B past 128: "
@@ -1200,15 +1188,8 @@ TEST_F(CudaLinearQuantTest, StreamingBySmCount) {
                                      {SP::kAsync, 2176, 2, 576},
                                      {SP::kLoads, 0, 0, 1024}})
     for (int sms : {132, 110, 84, 66, 44}) {
-      cuda::StreamProbe p;
-      p.method = pr.method;
-      p.order = pr.order;
-      p.bytes = pr.bytes;
-      p.stages = pr.stages;
-      p.threads = pr.threads;
-      p.blocks_per_sm = 1;
-      p.sms = sms;
-      p.megabytes = 256;
+      const cuda::StreamProbe p{.method = pr.method, .order = pr.order, .bytes = pr.bytes, .stages = pr.stages,
+                                .threads = pr.threads, .blocks_per_sm = 1, .megabytes = 256, .sms = sms};
       const double gbps = cuda::stream_probe_gbps(p);
       EXPECT_GT(gbps, 0);
       if (pr.method != SP::kLoads)
