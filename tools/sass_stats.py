@@ -17,6 +17,12 @@ loops SASS [KERNEL] [--demangle CUFILT] [--min N]: for each kernel of `nvdisasm 
   the SASS for which runs when. 11.8's nvdisasm leaves out what it cannot decode (about 4% of this
   project's kernels): an address with no line, and any label on it, so a loop's count is a floor
   and a branch may name a label that is not printed.
+path SASS KERNEL FROM TO [--take ADDR,...] [--demangle CUFILT]: the instructions one warp issues on
+  a straight path of the first kernel whose mangled name holds KERNEL, from address FROM to TO (hex,
+  as nvdisasm prints them), by opcode: unconditional branches are followed, predicated ones and
+  BRA.DIV fall through (a barrier's retry: the stage has landed) unless their address is in --take. What one
+  iteration of a loop costs on a given path (a row block a warp does not sum, say): a floor on its
+  issue slots, whatever its stalls.
 """
 import collections
 import re
@@ -140,6 +146,41 @@ def lines(path, pattern, source, cufilt, top):
         sys.exit(f'{path}: no kernel whose mangled name holds {pattern!r}')
 
 
+def path(sass, pattern, begin, end, take, cufilt):
+    for name, part in kernels(open(sass).read()):
+        if pattern not in name:
+            continue
+        ins, labels = instructions(part)
+        at = {a: i for i, (a, _) in enumerate(ins)}
+        if begin not in at or end not in at:
+            sys.exit(f'{sass}: no instruction at {begin:#x} or {end:#x} in {name}')
+        count, i, steps = collections.Counter(), at[begin], 0
+        while True:
+            addr, t = ins[i]
+            count[opcode(t)] += 1
+            steps += 1
+            if addr == end:
+                break
+            if steps > 100000:
+                sys.exit(f'{sass}: no way from {begin:#x} to {end:#x} in {name} (a loop on the path?)')
+            b = re.search(r'\bBRA\b.*`\((\.L_x_\d+)\)', t)
+            # a predicated branch, or BRA.DIV (taken only when the warp has diverged)
+            predicated = re.match(r'@!?U?P[T\d]+\s', t) or t.startswith('BRA.DIV')
+            if b and b.group(1) in labels and (not predicated or addr in take):
+                i = at[labels[b.group(1)]]
+            elif i + 1 < len(ins):
+                i += 1
+            else:
+                sys.exit(f'{sass}: the path from {begin:#x} ran off the end of {name}')
+        shown = name
+        if cufilt:
+            shown = subprocess.run([cufilt, name], capture_output=True, text=True).stdout.strip() or name
+        ops = ' '.join(f'{k} {v}' for k, v in count.most_common())
+        print(f'== {shown}\n   path {begin:#06x}-{end:#06x}: {steps}: {ops}')
+        return
+    sys.exit(f'{sass}: no kernel whose mangled name holds {pattern!r}')
+
+
 def take_options(args, opts):
     """opts (option -> default) with the values given in args, which loses them."""
     for key in opts:
@@ -160,6 +201,10 @@ def main():
     elif len(args) >= 4 and args[0] == 'lines':
         opts = take_options(args, {'--demangle': None, '--top': '25'})
         lines(args[1], args[2], args[3], opts['--demangle'], int(opts['--top']))
+    elif len(args) >= 5 and args[0] == 'path':
+        opts = take_options(args, {'--demangle': None, '--take': ''})
+        take = {int(a, 16) for a in opts['--take'].split(',') if a}
+        path(args[1], args[2], int(args[3], 16), int(args[4], 16), take, opts['--demangle'])
     else:
         sys.exit(__doc__)
 
