@@ -18,11 +18,12 @@ loops SASS [KERNEL] [--demangle CUFILT] [--min N]: for each kernel of `nvdisasm 
   project's kernels): an address with no line, and any label on it, so a loop's count is a floor
   and a branch may name a label that is not printed.
 path SASS KERNEL FROM TO [--take ADDR,...] [--demangle CUFILT]: the instructions one warp issues on
-  a straight path of the first kernel whose mangled name holds KERNEL, from address FROM to TO (hex,
-  as nvdisasm prints them), by opcode: unconditional branches are followed, predicated ones and
-  BRA.DIV fall through (a barrier's retry: the stage has landed) unless their address is in --take. What one
-  iteration of a loop costs on a given path (a row block a warp does not sum, say): a floor on its
-  issue slots, whatever its stalls.
+  a straight path of the first kernel whose mangled name holds KERNEL, from address FROM to TO
+  (hex, as nvdisasm prints them), by opcode: unconditional branches are followed, predicated ones
+  and BRA.DIV fall through (a barrier's retry: the stage has landed) unless their address is in
+  --take. What one iteration of a loop costs on a given path (a row block a warp does not sum,
+  say): a floor on its issue slots, whatever its stalls. A branch it must follow to a label the
+  disassembler left out stops it (count that path by hand).
 """
 import collections
 import re
@@ -166,7 +167,9 @@ def path(sass, pattern, begin, end, take, cufilt):
             b = re.search(r'\bBRA\b.*`\((\.L_x_\d+)\)', t)
             # a predicated branch, or BRA.DIV (taken only when the warp has diverged)
             predicated = re.match(r'@!?U?P[T\d]+\s', t) or t.startswith('BRA.DIV')
-            if b and b.group(1) in labels and (not predicated or addr in take):
+            if b and (not predicated or addr in take):
+                if b.group(1) not in labels:
+                    sys.exit(f'{sass}: the branch at {addr:#x} goes to {b.group(1)}, which the listing leaves out')
                 i = at[labels[b.group(1)]]
             elif i + 1 < len(ins):
                 i += 1
