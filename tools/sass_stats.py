@@ -71,9 +71,19 @@ def instructions(part):
     return ins, labels
 
 
+PREDICATE = re.compile(r'^@!?U?P[T\d]+\s+')  # an instruction's guard, "@!P0 "
+BRANCH = re.compile(r'\bBRA\b.*`\((\.L_x_\d+)\)')  # a branch and its label
+
+
 def opcode(text):
-    text = re.sub(r'^@!?U?P[T\d]+\s+', '', text)
-    return text.split()[0].split('.')[0]
+    return PREDICATE.sub('', text).split()[0].split('.')[0]
+
+
+def demangled(name, cufilt):
+    """name as CUFILT (cu++filt) prints it, or as it is without one."""
+    if not cufilt:
+        return name
+    return subprocess.run([cufilt, name], capture_output=True, text=True).stdout.strip() or name
 
 
 def loops(path, pattern, cufilt, least):
@@ -83,15 +93,13 @@ def loops(path, pattern, cufilt, least):
         if pattern and pattern not in name:
             continue
         found = True
-        shown = name
-        if cufilt:
-            shown = subprocess.run([cufilt, name], capture_output=True, text=True).stdout.strip() or name
+        shown = demangled(name, cufilt)
         ins, labels = instructions(part)
         missing = (ins[-1][0] - ins[0][0]) // 16 + 1 - len(ins) if ins else 0
         print(f'== {shown}\n   {len(ins)} instructions, {missing} more not shown')
         spans = []
         for addr, t in ins:
-            b = re.search(r'\bBRA\b.*`\((\.L_x_\d+)\)', t)
+            b = BRANCH.search(t)
             if b and b.group(1) in labels and labels[b.group(1)] <= addr:
                 spans.append((labels[b.group(1)], addr))
         for begin, end in sorted(set(spans), key=lambda s: s[1] - s[0]):
@@ -112,9 +120,7 @@ def lines(path, pattern, source, cufilt, top):
         if pattern not in name:
             continue
         found = True
-        shown = name
-        if cufilt:
-            shown = subprocess.run([cufilt, name], capture_output=True, text=True).stdout.strip() or name
+        shown = demangled(name, cufilt)
         count = collections.Counter()
         paths = {}
         chain, key = [], None
@@ -164,9 +170,9 @@ def path(sass, pattern, begin, end, take, cufilt):
                 break
             if steps > 100000:
                 sys.exit(f'{sass}: no way from {begin:#x} to {end:#x} in {name} (a loop on the path?)')
-            b = re.search(r'\bBRA\b.*`\((\.L_x_\d+)\)', t)
+            b = BRANCH.search(t)
             # a predicated branch, or BRA.DIV (taken only when the warp has diverged)
-            predicated = re.match(r'@!?U?P[T\d]+\s', t) or t.startswith('BRA.DIV')
+            predicated = PREDICATE.match(t) or t.startswith('BRA.DIV')
             if b and (not predicated or addr in take):
                 if b.group(1) not in labels:
                     sys.exit(f'{sass}: the branch at {addr:#x} goes to {b.group(1)}, which the listing leaves out')
@@ -175,9 +181,7 @@ def path(sass, pattern, begin, end, take, cufilt):
                 i += 1
             else:
                 sys.exit(f'{sass}: the path from {begin:#x} ran off the end of {name}')
-        shown = name
-        if cufilt:
-            shown = subprocess.run([cufilt, name], capture_output=True, text=True).stdout.strip() or name
+        shown = demangled(name, cufilt)
         ops = ' '.join(f'{k} {v}' for k, v in count.most_common())
         print(f'== {shown}\n   path {begin:#06x}-{end:#06x}: {steps}: {ops}')
         return
