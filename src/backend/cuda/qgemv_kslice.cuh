@@ -123,12 +123,15 @@ __global__ void __launch_bounds__(kKSliceMaxWarps * 32, 1)
   const int n_rb = static_cast<int>(int64_t(blockIdx.x + 1) * row_blocks / gridDim.x) - rb0;
   uint64_t* const my_full = full + warp * S;
   unsigned char* const my_ring = rings + warp * S * w.unit_bytes;
-  // Unit `warp` of the block's row block j into slot j % S (after: as in qgemv_tma_kernel).
+  // Unit `warp` of the block's row block j into slot j % S (after: as in qgemv_tma_kernel): the
+  // warp's first unit and the step between row blocks taken once, not the unit's offset each time.
+  const unsigned char* const my_units = w.unit(rb0, warp);
+  const int64_t rb_step = int64_t(w.n_units) * w.unit_bytes;
   auto request = [&](int j, uint32_t after = 0) {
     const int slot = j % S;
     const uint32_t bytes = static_cast<uint32_t>(w.unit_bytes) + after;
     mbar_arrive_expect_tx(&my_full[slot], bytes);
-    bulk_copy_g2s(my_ring + slot * w.unit_bytes, w.unit(rb0 + j, warp), bytes, &my_full[slot]);
+    bulk_copy_g2s(my_ring + slot * w.unit_bytes, my_units + j * rb_step, bytes, &my_full[slot]);
   };
   if (lane == 0) {
     for (int i = 0; i < S; ++i) mbar_init(&my_full[i], 1);
@@ -171,6 +174,9 @@ __global__ void __launch_bounds__(kKSliceMaxWarps * 32, 1)
     __syncwarp();  // every lane has read the slot
     if (lane == 0) mbar_arrive(&stored[d]);
   };
+  // The next j at which the warp sums row block j - L: row blocks warp, warp + warps, ... (a count
+  // carried, not (j - L) % warps each row block: an integer division by a value known at run time).
+  int next_sum = warp + L;
   for (int j = 0; j < n_rb; ++j) {
     const int slot = j % S;
     mbar_wait(&my_full[slot], (j / S) & 1);
@@ -184,7 +190,10 @@ __global__ void __launch_bounds__(kKSliceMaxWarps * 32, 1)
     parts[(d * warps + warp) * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[0][2], acc[0][3]);
     __syncwarp();  // the lanes' partials before lane 0's arrival releases them
     if (lane == 0) mbar_arrive(&given[d]);
-    if (j >= L && (j - L) % warps == warp) sum_and_store(j - L);
+    if (j == next_sum) {
+      sum_and_store(j - L);
+      next_sum += warps;
+    }
   }
   for (int j = max(0, n_rb - L); j < n_rb; ++j)
     if (j % warps == warp) sum_and_store(j);
