@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kKSliceMaxWarps * 32, 1)
   // Unit `warp` of the block's row block j into slot j % S (after: as in qgemv_tma_kernel): the
   // warp's first unit and the step between row blocks taken once, not the unit's offset each time.
   const unsigned char* const my_units = w.unit(rb0, warp);
-  const int64_t rb_step = int64_t(w.n_units) * w.unit_bytes;
+  const int64_t rb_step = w.unit_offset(1, 0);  // bytes from a unit to the next row block's
   auto request = [&](int j, uint32_t after = 0) {
     const int slot = j % S;
     const uint32_t bytes = static_cast<uint32_t>(w.unit_bytes) + after;
